@@ -1,0 +1,319 @@
+"""Compare recordings: align op executions across runs and classify every divergent op.
+
+Pure functions over :class:`~nddebug.recording.Recording` objects; no TensorFlow.
+
+Alignment: top-level (eager) executions are ordered, so their key sequences are matched with
+a diff; the first mismatch is where the runs' paths part. Graph ops inside a matched call run
+in a thread-dependent order, so they are matched by (op key, occurrence) within the call, and
+an op whose outputs differ only in order (same multiset of digests) is not called divergent.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from nddebug import knowledge
+from nddebug.errors import EmptyTraceError, NotComparableError
+from nddebug.recording import Event, OpInfo, Recording
+
+# A unit is one op execution identified across runs: (eager index in run 0, key, occurrence).
+Unit = tuple[int, str, int]
+
+
+@dataclass
+class OpFinding:
+    """What the comparison found for one op (all of its executions)."""
+
+    key: str
+    op: OpInfo
+    role: str  # "source" | "propagated" | "control flow"
+    kind: str
+    first_seq: int  # execution order of its first divergent execution in the reference run
+    runs_differing: int
+    distinct_outputs: int
+    executions: int
+    divergent_executions: int
+    units: list[Unit] = field(default_factory=list)
+    culprit: knowledge.Culprit | None = None
+    explanation: str = ""
+    max_abs_diff: float | None = None
+    max_ulp: int | None = None
+    frac_differing: float | None = None
+
+
+@dataclass
+class PathDivergence:
+    """Runs executed different ops: where the paths first part."""
+
+    run: int
+    position: int
+    reference_op: str
+    other_op: str
+    call_key: str = ""
+
+
+@dataclass
+class Comparison:
+    runs: int
+    ops_traced: int
+    executions: int
+    findings: list[OpFinding]
+    paths: list[PathDivergence]
+    order_only: list[str]
+    warnings: list[str]
+
+
+def _event_inputs(ev: Event) -> Any:
+    if ev.inputs is None:
+        return None
+    return tuple(tuple(d) if d is not None else None for d in ev.inputs)
+
+
+def _units(rec: Recording, ref_index: dict[int, int]) -> dict[Unit, Event]:
+    """Map each event of ``rec`` to its unit, given its eager calls' indices in the reference."""
+    out: dict[Unit, Event] = {}
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    for ev in rec.events:
+        op = rec.ops[ev.op_id]
+        call_index = ref_index.get(ev.call)
+        if call_index is None:
+            continue
+        if ev.call == ev.seq:  # an eager op: its own unit
+            out[(call_index, op.key, 0)] = ev
+            continue
+        n = counts[(call_index, op.key)]
+        counts[(call_index, op.key)] += 1
+        out[(call_index, op.key, n)] = ev
+    return out
+
+
+def _eager(rec: Recording) -> list[Event]:
+    return [ev for ev in rec.events if ev.call == ev.seq]
+
+
+def align(recordings: list[Recording]) -> tuple[list[dict[Unit, Event]], list[PathDivergence]]:
+    """Give every event of every run its unit (its identity across runs), relative to the
+    first run; also where each run's sequence of top-level ops parts from the first's."""
+    ref = recordings[0]
+    ref_eager = _eager(ref)
+    ref_keys = [ref.ops[e.op_id].key for e in ref_eager]
+    paths: list[PathDivergence] = []
+    per_run_units: list[dict[Unit, Event]] = []
+    for r, rec in enumerate(recordings):
+        eager = _eager(rec)
+        keys = [rec.ops[e.op_id].key for e in eager]
+        index: dict[int, int] = {}
+        if r == 0:
+            index = {e.seq: i for i, e in enumerate(eager)}
+        else:
+            sm = difflib.SequenceMatcher(None, ref_keys, keys, autojunk=False)
+            for a, b, size in sm.get_matching_blocks():
+                for k in range(size):
+                    index[eager[b + k].seq] = a + k
+            first = _first_mismatch(sm)
+            if first is not None:
+                a, b = first
+                paths.append(
+                    PathDivergence(
+                        run=r,
+                        position=a,
+                        reference_op=_describe(ref, ref_eager, a),
+                        other_op=_describe(rec, eager, b),
+                    )
+                )
+        per_run_units.append(_units(rec, index))
+    return per_run_units, paths
+
+
+def unit_values(recordings: list[Recording]) -> dict[tuple[Unit, int], list[Any]]:
+    """Captured full values, grouped by (unit, output slot), for units captured in every run."""
+    per_run_units, _ = align(recordings)
+    out: dict[tuple[Unit, int], list[Any]] = {}
+    for u in per_run_units[0]:
+        evs = [pu.get(u) for pu in per_run_units]
+        if any(ev is None for ev in evs):
+            continue
+        for slot in range(len(evs[0].digests)):
+            names = [f"{ev.seq}:{slot}" for ev in evs]
+            if all(name in rec.values for name, rec in zip(names, recordings, strict=False)):
+                out[(u, slot)] = [
+                    rec.values[name] for name, rec in zip(names, recordings, strict=False)
+                ]
+    return out
+
+
+def compare_recordings(recordings: list[Recording]) -> Comparison:
+    """Align and classify; the first recording is the reference."""
+    if len(recordings) < 2:
+        raise NotComparableError(
+            f"comparison needs at least two recordings of the same step, got {len(recordings)}"
+        )
+    algorithms = {r.digest_algorithm for r in recordings}
+    if len(algorithms) > 1:
+        raise NotComparableError(
+            f"recordings use different digest algorithms {sorted(algorithms)}; record them "
+            "with the same nddebug version"
+        )
+    empty = [i for i, r in enumerate(recordings) if not r.events]
+    if empty:
+        raise EmptyTraceError(
+            f"run(s) {empty} recorded no TensorFlow op: nothing to compare. Put the training "
+            "step itself inside nddebug.trace() / the function given to nddebug.check()."
+        )
+    per_run_units, paths = align(recordings)
+
+    all_units = set().union(*per_run_units)
+    by_key: dict[str, list[Unit]] = defaultdict(list)
+    for u in all_units:
+        by_key[u[1]].append(u)
+
+    ref_seq = {u: ev.seq for u, ev in per_run_units[0].items()}
+    findings: list[OpFinding] = []
+    order_only: list[str] = []
+    for key, units in by_key.items():
+        units.sort()
+        op = _op_for(recordings, per_run_units, units[0])
+        missing = [u for u in units if any(u not in pu for pu in per_run_units)]
+        divergent = []
+        source_units = []
+        differing_runs: set[int] = set()
+        for u in units:
+            if u in missing:
+                continue
+            outs = [tuple(pu[u].digests) for pu in per_run_units]
+            if len(set(outs)) == 1:
+                continue
+            divergent.append(u)
+            differing_runs.update(r for r, o in enumerate(outs) if o != outs[0])
+            ins = [_event_inputs(pu[u]) for pu in per_run_units]
+            if None not in ins and len(set(ins)) == 1:
+                source_units.append(u)
+        if divergent and _same_multiset(per_run_units, divergent):
+            order_only.append(key)
+            continue
+        if not divergent and not missing:
+            continue
+        if divergent:
+            role = "source" if source_units else "propagated"
+            chosen = source_units or divergent
+            per_run = [tuple(tuple(pu[u].digests) for u in divergent) for pu in per_run_units]
+            distinct = len(set(per_run))
+            counted = divergent
+        else:
+            role, chosen, distinct, counted = "control flow", missing, 0, []
+            differing_runs.update(
+                r for r, pu in enumerate(per_run_units) if any(u not in pu for u in missing)
+            )
+        first_seq = min((ref_seq.get(u, 1 << 62) for u in chosen), default=1 << 62)
+        findings.append(
+            OpFinding(
+                key=key,
+                op=op,
+                role=role,
+                kind="",
+                first_seq=first_seq,
+                runs_differing=len(differing_runs),
+                distinct_outputs=distinct,
+                executions=len(units),
+                divergent_executions=len(counted) if counted else len(missing),
+                units=sorted(chosen),
+            )
+        )
+    for f in findings:
+        _explain(f)
+    order = {"source": 0, "control flow": 1, "propagated": 2}
+    findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
+    if paths or any(f.role == "control flow" for f in findings):
+        first_source = min((f.first_seq for f in findings if f.role == "source"), default=None)
+        for f in findings:
+            if f.role == "control flow" and first_source is not None and f.first_seq > first_source:
+                f.role = "propagated"
+        findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
+    warnings = sorted({w for r in recordings for w in r.warnings})
+    return Comparison(
+        runs=len(recordings),
+        ops_traced=len({op.key for r in recordings for op in r.ops.values()}),
+        executions=len(recordings[0].events),
+        findings=findings,
+        paths=paths,
+        order_only=sorted(order_only),
+        warnings=warnings,
+    )
+
+
+def _same_multiset(per_run_units: list[dict[Unit, Event]], units: list[Unit]) -> bool:
+    """Executions of one op within the same calls that differ only in the order they ran."""
+    groups: dict[int, list[Unit]] = defaultdict(list)
+    key = units[0][1]
+    for pu in per_run_units:
+        for u in pu:
+            if u[1] == key:
+                groups[u[0]].append(u)
+    calls = {u[0] for u in units}
+    for c in calls:
+        bags = [sorted(tuple(pu[u].digests) for u in groups[c] if u in pu) for pu in per_run_units]
+        if any(b != bags[0] for b in bags):
+            return False
+    return len(groups[units[0][0]]) > 1
+
+
+def _first_mismatch(sm: difflib.SequenceMatcher) -> tuple[int, int] | None:
+    for tag, a0, _a1, b0, _b1 in sm.get_opcodes():
+        if tag != "equal":
+            return a0, b0
+    return None
+
+
+def _describe(rec: Recording, eager: list[Event], i: int) -> str:
+    if i >= len(eager):
+        return "(end of run)"
+    op = rec.ops[eager[i].op_id]
+    return f"{op.op_type} at {op.location or '?'}"
+
+
+def _op_for(recordings: list[Recording], per_run_units: list[dict[Unit, Event]], u: Unit) -> OpInfo:
+    for rec, pu in zip(recordings, per_run_units, strict=False):
+        if u in pu:
+            return rec.ops[pu[u].op_id]
+    raise KeyError(u)
+
+
+_RANDOM_HINTS = ("Random", "Multinomial", "Stateful", "TruncatedNormal", "RngReadAndSkip")
+_PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue")
+
+
+def _explain(f: OpFinding) -> None:
+    """Attach the knowledge-base entry, the kind and a plain-words reason."""
+    op = f.op
+    f.culprit = knowledge.lookup(op.op_type, op.device)
+    if f.role == "control flow":
+        f.kind = "control flow"
+        f.explanation = "ran in some runs and not in others: the runs took different paths"
+        return
+    if f.role == "propagated":
+        f.kind = f.culprit.kind if f.culprit else "numerical"
+        f.explanation = "differs because one of its inputs differs"
+        return
+    if f.culprit is not None:
+        f.kind = f.culprit.kind
+        f.explanation = f.culprit.mechanism
+    elif any(h in op.op_type for h in _RANDOM_HINTS) or "seed" in op.attrs:
+        f.kind = "random"
+        f.explanation = "a random op whose state or seed differs between runs"
+    elif any(h in op.op_type for h in _PIPELINE_HINTS):
+        f.kind = "input pipeline"
+        f.explanation = "the input pipeline produced different data"
+    elif op.op_type == "ReadVariableOp":
+        f.kind = "other"
+        f.explanation = (
+            "the variable already held a different value when it was read: state carried over "
+            "between runs, or changed outside the traced block"
+        )
+    else:
+        f.kind = "numerical"
+        f.explanation = "same inputs, different output: the kernel itself is non-deterministic"
+    if f.kind == "random" and op.attrs.get("seed", 0) == 0 and op.attrs.get("seed2", 0) == 0:
+        f.explanation += " (this op has no seed)"

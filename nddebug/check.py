@@ -1,0 +1,124 @@
+"""Run a step several times with identical inputs and state, and compare the recordings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nddebug import state as st
+from nddebug.recording import Recording
+from nddebug.report import Report
+
+
+def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
+    """A tf.function traced before check() runs an uninstrumented graph: retrace a copy."""
+    import tensorflow as tf
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    if not isinstance(fn, polymorphic_function.Function):
+        return fn
+    jit = getattr(fn, "_jit_compile", None)
+    if jit:
+        warnings.append(
+            "XLA (jit_compile=True) was switched off for the checked function: XLA clusters "
+            "cannot hold nddebug's host callbacks."
+        )
+    return tf.function(
+        fn.python_function,
+        input_signature=fn.input_signature,
+        reduce_retracing=getattr(fn, "_reduce_retracing", False),
+        jit_compile=False,
+    )
+
+
+def check(
+    fn: Callable[..., Any],
+    *args: Any,
+    repeats: int = 5,
+    state: Any = None,
+    seed: int | None = None,
+    path: str | None = None,
+    quantify: bool = True,
+    **kwargs: Any,
+) -> Report:
+    """Run ``fn(*args, **kwargs)`` ``repeats`` times under :func:`nddebug.trace` and compare.
+
+    A first, traced warm-up run builds (and instruments) the step's graphs and creates the
+    variables a first call creates, such as optimizer slots; it is not compared, because it
+    runs one-time ops the others do not. Before every compared repeat the variables of
+    ``state`` and those created by the warm-up are restored, and with ``seed`` the Python,
+    NumPy, TensorFlow and Keras seeds are set. Afterwards the state is left as after the
+    warm-up, as if the step had run once. With ``path`` each compared run is appended to that
+    file as soon as it ends. If ops diverge and ``quantify`` is set, two more runs capture the
+    full values of the divergent ops to measure how far apart they are.
+    """
+    from nddebug.tracer import Recorder, trace
+
+    if repeats < 2:
+        raise ValueError(f"repeats must be at least 2 to compare runs, got {repeats}")
+    warnings: list[str] = []
+    models = st.keras_models(state)
+    keeper = st.StateKeeper(state)
+    before = keeper.snapshot()
+    after_first = None
+    runs: list[Recording] = []
+    captures: list[Recording] = []
+    with st.fresh_keras_functions(models, warnings):
+        step = _fresh(fn, warnings)
+        st.reset_keras_functions(models)
+
+        def one_run(label: str, capture: set[str] | None = None, save: bool = True) -> Recording:
+            keeper.restore(before)
+            if seed is not None:
+                st.set_seeds(seed)
+            with keeper.watch_creation(), trace(label=label) as rec:
+                if capture is not None:
+                    assert Recorder.active is not None
+                    Recorder.active.capture = capture
+                step(*args, **kwargs)
+            rec.warnings.extend(warnings)
+            if path is not None and save:
+                rec.save(path)
+            return rec
+
+        try:
+            warm = one_run("warm-up", save=False)
+            after_first = keeper.snapshot()
+            if keeper.unreadable:
+                warnings.append(
+                    "Could not read the initial value of variable(s) created by the step "
+                    f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
+                )
+            warnings.extend(w for w in warm.warnings if w not in warnings)
+            for i in range(repeats):
+                runs.append(one_run(f"repeat {i}"))
+            report = Report(runs, mode="repeat")
+            keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
+            if quantify and keys:
+                # Retrace so the graphs pass the chosen outputs' values to the host.
+                step = _fresh(fn, [])
+                st.reset_keras_functions(models)
+                one_run("capture warm-up", keys, save=False)
+                for j in range(2):
+                    captures.append(one_run(f"capture {j}", keys))
+                report = Report(runs, mode="repeat", captures=captures)
+        finally:
+            if after_first is not None:
+                keeper.restore(after_first)
+    return report
+
+
+def compare(recordings: Sequence[Recording]) -> Report:
+    """Compare recordings made separately (your own loop, other processes, other machines)."""
+    recs = list(recordings)
+    captures = [r for r in recs if r.values]
+    plain = [r for r in recs if not r.values] or recs
+    return Report(plain, mode="compare", captures=captures if len(captures) >= 2 else None)
+
+
+def load(path: str) -> list[Recording]:
+    """Every run saved in a recording file (by ``Recording.save``, ``Report.save`` or
+    ``check(path=...)``)."""
+    from nddebug import storage
+
+    return storage.load(path)

@@ -1,0 +1,249 @@
+"""The bitwise digest of a tensor, defined once and computed on the tensor's own device.
+
+Definition (``ALGORITHM``): take the tensor's bytes in row-major order (bool as one byte 0/1),
+pad with zero bytes to a multiple of 8 and read them as little-endian int64 words ``u_j``.
+With odd weights ``c_j = W[j mod B] * V(j div B)`` and ``c'_j`` (independent tables), the
+digest is the pair
+
+    lo = sum_j u_j * c_j          (mod 2**64)
+    hi = sum_j (u_j >> 32) * c'_j (mod 2**64, arithmetic shift)
+
+Why this shape:
+- integer sums wrap around and are associative, so the value does not depend on reduction
+  order: it is deterministic on a GPU that reduces with atomics, and identical on every device;
+- weights depend on the position, so permuting elements changes it; odd weights make every
+  single-element change visible;
+- every bit of the input sits at bit position <= 31 in ``lo`` or in ``hi``, so no difference
+  pattern (e.g. -0.0 vs 0.0 in an even number of places) is systematically invisible; a random
+  pattern escapes with probability about 2**-64;
+- on CPU it is one matrix-vector product per half (int64 MatMul reads memory once); on GPU,
+  where int64 MatMul has no kernel, the same sums are a multiply and a reduction.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+ALGORITHM = "nddebug-wsum64x2-v1"
+BLOCK = 4096
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+@functools.cache
+def _block_weights(stream: int) -> np.ndarray:
+    """Odd int64 weights for positions inside a block; ``stream`` picks an independent table."""
+    base = (stream + 1) << 32
+    return np.array([_signed(_splitmix64(base + k) | 1) for k in range(BLOCK)], dtype=np.int64)
+
+
+# Row weights V(r): a cheap integer hash made only of ops every TF device has for int64
+# (multiply, xor, arithmetic right shift, or), so it can be computed on the fly.
+_ROW_MUL = (_signed(0x9E3779B97F4A7C15), _signed(0xD6E8FEB86659FD93))
+_ROW_MUL2 = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))
+
+
+def _row_weights_np(rows: np.ndarray, stream: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = (rows.astype(np.int64) + np.int64(1)) * np.int64(_ROW_MUL[stream])
+        h = h ^ (h >> np.int64(31))
+        h = h * np.int64(_ROW_MUL2[stream])
+        h = h ^ (h >> np.int64(29))
+    return h | np.int64(1)
+
+
+def words_of(array: np.ndarray) -> np.ndarray:
+    """The int64 words the digest is defined over (reference implementation)."""
+    a = np.ascontiguousarray(array)
+    if a.dtype == np.bool_:
+        a = a.view(np.uint8)
+    raw = a.tobytes()
+    raw += b"\0" * (-len(raw) % 8)
+    return np.frombuffer(raw, dtype="<i8").astype(np.int64)
+
+
+@functools.cache
+def _first_block_weights(stream: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return _block_weights(stream) * _row_weights_np(np.zeros(1, np.int64), stream)
+
+
+def digest_numpy(array: Any) -> tuple[int, int]:
+    """Digest of a host array: the reference the TF kernels must match bit for bit, and the
+    fast path for small tensors that already live in host memory."""
+    u = words_of(np.asarray(array))
+    out = []
+    with np.errstate(over="ignore"):
+        for stream, vals in ((0, u), (1, u >> np.int64(32))):
+            if u.size <= BLOCK:
+                c = _first_block_weights(stream)[: u.size]
+            else:
+                j = np.arange(u.size, dtype=np.int64)
+                c = _block_weights(stream)[j % BLOCK] * _row_weights_np(j // BLOCK, stream)
+            out.append(int((vals * c).sum(dtype=np.int64)))
+    return out[0], out[1]
+
+
+# --------------------------------------------------------------------------- TensorFlow side
+
+
+def digestible(dtype: Any) -> bool:
+    """Whether tensors of this TF dtype have bits we can read (not string/resource/variant)."""
+    import tensorflow as tf
+
+    dtype = tf.as_dtype(dtype)
+    if dtype in (tf.string, tf.resource, tf.variant):
+        return False
+    return dtype == tf.bool or _bitcast_ok(dtype)
+
+
+@functools.cache
+def _bitcast_ok(dtype: Any) -> bool:
+    import tensorflow as tf
+
+    try:
+        tf.bitcast(tf.zeros([1], dtype), tf.uint8)
+    except Exception:  # noqa: BLE001 - any failure means "cannot read the bits"
+        return False
+    return True
+
+
+def build_digest(tensor: Any, use_matmul: bool) -> Any:
+    """Emit the ops that digest ``tensor``; returns an int64 tensor ``[lo, hi]``.
+
+    Works in graphs and eagerly. With a static shape the block layout is planned here in Python
+    (fewest ops: a tiny tensor costs ~10 ops); otherwise it is computed in the graph. All views
+    of the data are zero-copy except the last partial block (< 32 KiB).
+    """
+    import tensorflow as tf
+
+    if tensor.dtype == tf.bool:
+        raw = tf.cast(tensor, tf.uint8)
+    elif tensor.dtype == tf.uint8:
+        raw = tensor
+    else:
+        raw = tf.bitcast(tensor, tf.uint8)
+    flat = tf.reshape(raw, [-1])
+    nbytes = flat.shape[0]
+    if nbytes is None:
+        return _digest_dynamic(flat, use_matmul)
+    return _digest_static(flat, nbytes, use_matmul)
+
+
+def _as_words(byte_vector: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.bitcast(tf.reshape(byte_vector, [-1, 8]), tf.int64)
+
+
+def _weighted_sum(words: Any, weights: np.ndarray, stream: int, use_matmul: bool) -> Any:
+    """sum(words * weights) for 1-D words, or per-row sums for 2-D blocks."""
+    import tensorflow as tf
+
+    if stream == 1:
+        words = tf.bitwise.right_shift(words, 32)
+    w = tf.constant(weights)
+    if words.shape.rank == 2 and use_matmul:
+        return tf.reshape(tf.matmul(words, tf.reshape(w, [-1, 1])), [-1])
+    return tf.reduce_sum(words * w, axis=-1)
+
+
+def _digest_static(flat: Any, nbytes: int, use_matmul: bool) -> Any:
+    import tensorflow as tf
+
+    words_total = -(-nbytes // 8)
+    rows, last_len = divmod(words_total, BLOCK)
+    full_bytes = rows * BLOCK * 8
+    parts: list[list[Any]] = [[], []]
+    if rows:
+        block = tf.reshape(_as_words(flat[:full_bytes]), [rows, BLOCK])
+        for stream in (0, 1):
+            row_sums = _weighted_sum(block, _block_weights(stream), stream, use_matmul)
+            row_w = tf.constant(_row_weights_np(np.arange(rows), stream))
+            parts[stream].append(tf.reduce_sum(row_sums * row_w))
+    if last_len:
+        rest = flat[full_bytes:] if rows else flat
+        pad = last_len * 8 - (nbytes - full_bytes)
+        if pad:
+            rest = tf.pad(rest, [[0, pad]])
+        last = _as_words(rest)
+        for stream in (0, 1):
+            weights = _block_weights(stream)[:last_len] * _row_weights_np(np.array([rows]), stream)
+            parts[stream].append(_weighted_sum(last, weights, stream, use_matmul))
+    if not parts[0]:
+        return tf.zeros([2], tf.int64)
+    return tf.stack([tf.add_n(p) if len(p) > 1 else p[0] for p in parts])
+
+
+def _digest_dynamic(flat: Any, use_matmul: bool) -> Any:
+    import tensorflow as tf
+
+    nbytes = tf.size(flat, out_type=tf.int64)
+    m0 = nbytes // 8
+    rows = m0 // BLOCK
+    full = rows * BLOCK
+    main = _as_words(flat[: m0 * 8])
+    block = tf.reshape(main[:full], [-1, BLOCK])
+    # Last partial block: remaining whole words, then the zero-padded tail bytes as one word.
+    tail = flat[m0 * 8 :]
+    tail_word = _as_words(tf.pad(tail, [[0, 8 - tf.size(tail)]]))
+    last = tf.concat([main[full:], tail_word], 0)
+    last = tf.pad(last, [[0, BLOCK - tf.size(last)]])
+    row_ids = tf.range(rows + 1, dtype=tf.int64)
+    out = []
+    for stream in (0, 1):
+        row_sums = _weighted_sum(block, _block_weights(stream), stream, use_matmul)
+        last_sum = _weighted_sum(last, _block_weights(stream), stream, use_matmul)
+        row_sums = tf.concat([row_sums, tf.reshape(last_sum, [1])], 0)
+        out.append(tf.reduce_sum(row_sums * _row_weights_tf(row_ids, stream)))
+    return tf.stack(out)
+
+
+def _row_weights_tf(rows: Any, stream: int) -> Any:
+    import tensorflow as tf
+
+    h = (rows + 1) * tf.constant(_ROW_MUL[stream], tf.int64)
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, 31))
+    h = h * tf.constant(_ROW_MUL2[stream], tf.int64)
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, 29))
+    return tf.bitwise.bitwise_or(h, tf.constant(1, tf.int64))
+
+
+@functools.lru_cache(maxsize=512)
+def eager_digest_fn(dtype: Any, shape: tuple[int, ...] | None, use_matmul: bool) -> Any:
+    """A tf.function digesting one dtype and shape (``None``: any shape) in one eager call."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec(shape, dtype)], autograph=False)
+    def _digest(t: Any) -> Any:
+        return build_digest(t, use_matmul)
+
+    return _digest
+
+
+@functools.cache
+def gpu_present() -> bool:
+    """Graph ops are placed after tracing, so the kernel path is chosen once per process."""
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def use_matmul_for(device: str | None) -> bool:
+    """int64 MatMul exists only on CPU; everywhere else the multiply-and-reduce path is used."""
+    if device:
+        return "CPU" in device.upper()
+    return not gpu_present()

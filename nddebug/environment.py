@@ -1,0 +1,85 @@
+"""The facts about a run's environment that decide whether it can be reproduced."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import sys
+from typing import Any
+
+_SWITCHES = (
+    "TF_DETERMINISTIC_OPS",
+    "TF_CUDNN_DETERMINISTIC",
+    "TF_USE_CUDNN_AUTOTUNE",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_XLA_FLAGS",
+    "XLA_FLAGS",
+    "PYTHONHASHSEED",
+    "HOROVOD_FUSION_THRESHOLD",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+)
+
+
+def capture() -> dict[str, Any]:
+    """Versions, devices, determinism switches, thread settings and seeds, as plain data."""
+    import numpy as np
+    import tensorflow as tf
+
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.node(),
+        "tensorflow": tf.__version__,
+        "numpy": np.__version__,
+        "env": {k: os.environ[k] for k in _SWITCHES if k in os.environ},
+    }
+    try:
+        import keras
+
+        env["keras"] = keras.__version__
+    except ImportError:
+        pass
+    build = {}
+    try:
+        info = tf.sysconfig.get_build_info()
+        build = {
+            k: str(v)
+            for k, v in info.items()
+            if k in ("cuda_version", "cudnn_version", "is_cuda_build")
+        }
+    except Exception:  # noqa: BLE001 - build info is optional
+        pass
+    env["build"] = build
+    env["devices"] = [d.name for d in tf.config.list_logical_devices()]
+    env["op_determinism"] = _op_determinism_enabled()
+    env["threads"] = {
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+    }
+    env["seeds"] = _seeds()
+    return env
+
+
+def _op_determinism_enabled() -> bool:
+    try:
+        from tensorflow.python.framework import config as tf_config
+
+        return bool(tf_config.is_op_determinism_enabled())
+    except Exception:  # noqa: BLE001
+        return os.environ.get("TF_DETERMINISTIC_OPS", "") in ("1", "true", "True")
+
+
+def _seeds() -> dict[str, Any]:
+    from tensorflow.python.framework import random_seed
+
+    seeds: dict[str, Any] = {}
+    try:
+        from tensorflow.python.eager import context
+
+        seeds["tf_global_seed"] = context.global_seed()
+    except Exception:  # noqa: BLE001
+        seeds["tf_global_seed"] = getattr(random_seed, "_DEFAULT_GRAPH_SEED", None)
+    seeds["python_random_state_hash"] = hash(random.getstate()) & 0xFFFFFFFF
+    return seeds

@@ -1,0 +1,1 @@
+"""Small real training steps used by the demo, the tests and the benchmarks."""

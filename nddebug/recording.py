@@ -1,0 +1,95 @@
+"""What one traced run saw: plain data that saves, loads and compares without TensorFlow."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+Ref = tuple[int, int]  # (op_id, output slot)
+Digest = tuple[int, int]  # see nddebug.digest
+
+
+@dataclass
+class OpInfo:
+    """A traced op: one per eager op execution site or graph node (static facts)."""
+
+    op_id: int
+    key: str  # stable across processes: graph name without unique ids + op name (or eager site)
+    op_type: str
+    op_name: str
+    graph: str  # "" for eager ops
+    device: str
+    location: str  # "file:line (function)" in the user's code
+    inputs: list[Ref | None]  # producer of each input; None: unknown or unreadable
+    dtypes: list[str]  # per output
+    shapes: list[list[int | None] | None]  # static shape per output (None: unknown rank)
+    digestible: list[bool]  # per output: False for string/resource/variant outputs
+    alias_of: list[Ref | None] | None = None  # pass-through ops: output i has input's bits
+    stateful: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
+    note: str = ""  # e.g. "value of the variable after this update"
+
+
+@dataclass
+class Event:
+    """One execution of an op: the digests of its outputs (None where unreadable)."""
+
+    seq: int  # order of arrival in the run
+    op_id: int
+    call: int  # seq of the top-level eager op during which it ran (its own seq for eager ops)
+    digests: list[Digest | None]
+    inputs: list[Digest | None] | None = None  # digests of its readable inputs, same execution
+    shapes: list[list[int]] | None = None  # actual shapes, when known (eager ops)
+
+
+@dataclass
+class Recording:
+    """One run of a traced block."""
+
+    ops: dict[int, OpInfo] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    label: str = ""
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    digest_algorithm: str = ""
+    status: str = "complete"  # or "interrupted"
+    # Full values captured for chosen outputs, keyed by "op_id:slot:occurrence", as numpy arrays.
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Recording {self.label or self.run_id[:8]}: {len(self.events)} op executions, "
+            f"{len(self.ops)} ops, {self.status}>"
+        )
+
+    def save(self, path: str) -> None:
+        """Append this run to a recording file (created if absent)."""
+        from nddebug import storage
+
+        storage.save([self], path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "label": self.label,
+            "status": self.status,
+            "digest_algorithm": self.digest_algorithm,
+            "environment": self.environment,
+            "warnings": self.warnings,
+        }
+
+
+def op_from_row(row: dict[str, Any]) -> OpInfo:
+    """Build an OpInfo from its JSON form, tolerating the tuple/list round trip."""
+    fields = {f.name for f in dataclasses.fields(OpInfo)}
+    data = {k: v for k, v in row.items() if k in fields}
+    data["inputs"] = [tuple(r) if r is not None else None for r in data.get("inputs", [])]
+    if data.get("alias_of") is not None:
+        data["alias_of"] = [tuple(r) if r is not None else None for r in data["alias_of"]]
+    return OpInfo(**data)

@@ -1,0 +1,1 @@
+"""Renderers: present a Report as terminal text or HTML; they compute nothing."""

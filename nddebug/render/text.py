@@ -1,0 +1,96 @@
+"""The report as terminal text (tabulate)."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+if TYPE_CHECKING:
+    from nddebug.report import Report
+
+_TABLE = [
+    ("op_type", "op"),
+    ("role", "role"),
+    ("kind", "kind"),
+    ("location", "created at"),
+    ("runs_differing", "runs≠"),
+    ("distinct_outputs", "distinct"),
+    ("max_abs_diff", "max |Δ|"),
+    ("max_ulp", "max ULP"),
+]
+MAX_ROWS = 25
+
+
+def fmt_number(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def short_location(location: str, width: int = 44) -> str:
+    if len(location) <= width:
+        return location
+    return "…" + location[-(width - 1) :]
+
+
+def render(report: Report) -> str:
+    s = report.summary
+    lines = [
+        f"nddebug: {s['verdict']} — {s['runs']} runs, {s['ops_traced']} ops traced, "
+        f"{s['op_executions_per_run']} op executions per run",
+        f"  mode: {s['mode']} ({report.mode_note})" if report.mode_note else f"  mode: {s['mode']}",
+        f"  TensorFlow {s['tensorflow']} on {s['devices'] or '?'}; "
+        f"op determinism {'on' if s['op_determinism'] else 'off'}",
+    ]
+    if report.ok:
+        lines.append("  Every traced op produced bitwise-identical outputs in every run.")
+    else:
+        lines.append(
+            f"  {s['sources']} source op(s), {s['propagated']} propagated, "
+            f"{s['control_flow']} control-flow divergence(s)"
+        )
+    for p in report.comparison.paths:
+        lines.append(
+            f"  Run {p.run} took a different path at top-level op #{p.position}: "
+            f"{p.reference_op} in run 0, {p.other_op} in run {p.run}"
+        )
+    df = report.culprits
+    if len(df):
+        shown = df.head(MAX_ROWS)
+        table = [
+            [
+                short_location(str(row[c])) if c == "location" else fmt_number(row[c])
+                for c, _ in _TABLE
+            ]
+            for _, row in shown.iterrows()
+        ]
+        lines += ["", tabulate(table, headers=[h for _, h in _TABLE], tablefmt="simple")]
+        if len(df) > MAX_ROWS:
+            lines.append(f"  … and {len(df) - MAX_ROWS} more (report.culprits has them all)")
+        sources = df[df["role"] == "source"]
+        for _, row in sources.iterrows():
+            lines += [
+                "",
+                f"Source: {row['op_type']} ({row['op_name']}) — {row['kind']}",
+                f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
+                *_wrap("why: ", row["explanation"]),
+                *_wrap("known: ", row["known_cause"]),
+                *_wrap("fix: ", row["fix"]),
+            ]
+    if report.warnings:
+        lines.append("")
+        lines += [f"warning: {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def _wrap(prefix: str, text: str) -> list[str]:
+    if not text:
+        return []
+    return textwrap.wrap(
+        text, width=100, initial_indent="  " + prefix, subsequent_indent="  " + " " * len(prefix)
+    )

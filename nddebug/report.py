@@ -1,0 +1,192 @@
+"""The culprit report: the analysis of a set of recordings, ready to present.
+
+A Report holds its recordings, so it can be saved, loaded and rendered again; the renderers
+in :mod:`nddebug.render` only present what is here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nddebug import knowledge, quantify
+from nddebug.analysis import Comparison, compare_recordings, unit_values
+from nddebug.recording import Recording
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+COLUMNS = [
+    "op_type",
+    "op_name",
+    "role",
+    "kind",
+    "device",
+    "location",
+    "runs_differing",
+    "distinct_outputs",
+    "max_abs_diff",
+    "max_ulp",
+    "frac_differing",
+    "known_cause",
+    "fix",
+    "graph",
+    "executions",
+    "divergent_executions",
+    "explanation",
+    "key",
+]
+
+MODES = {
+    "repeat": (
+        "repeated the whole step with identical inputs and restored state: sees kernel "
+        "non-determinism, unseeded or stateful random ops, input-pipeline order, races between "
+        "ops and per-process effects that differ between the runs compared"
+    ),
+    "compare": "compared recordings made separately (e.g. in different processes or machines)",
+}
+
+
+class Report:
+    """Which ops made the runs differ, why, and what to do about it."""
+
+    def __init__(
+        self,
+        recordings: list[Recording],
+        mode: str = "compare",
+        captures: list[Recording] | None = None,
+    ) -> None:
+        self.recordings = recordings
+        self.captures = captures or []
+        self.mode = mode
+        self.comparison: Comparison = compare_recordings(recordings)
+        if len(self.captures) >= 2:
+            _attach_magnitudes(self.comparison, self.captures)
+
+    @property
+    def ok(self) -> bool:
+        """True when every run computed bitwise-identical outputs for every traced op."""
+        return not self.comparison.findings and not self.comparison.paths
+
+    @property
+    def sources(self) -> pd.DataFrame:
+        df = self.culprits
+        return df[df["role"] == "source"].reset_index(drop=True)
+
+    @property
+    def culprits(self) -> pd.DataFrame:
+        """One row per divergent op: sources first, in execution order, then the rest."""
+        import pandas as pd
+
+        rows = [_row(f) for f in self.comparison.findings]
+        return pd.DataFrame(rows, columns=COLUMNS)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        c = self.comparison
+        env = self.recordings[0].environment
+        return {
+            "verdict": "reproducible" if self.ok else "NOT reproducible",
+            "mode": self.mode,
+            "runs": c.runs,
+            "ops_traced": c.ops_traced,
+            "op_executions_per_run": c.executions,
+            "sources": sum(f.role == "source" for f in c.findings),
+            "propagated": sum(f.role == "propagated" for f in c.findings),
+            "control_flow": sum(f.role == "control flow" for f in c.findings) + len(c.paths),
+            "tensorflow": env.get("tensorflow", "?"),
+            "devices": ", ".join(env.get("devices", [])),
+            "op_determinism": env.get("op_determinism"),
+        }
+
+    @property
+    def mode_note(self) -> str:
+        return MODES.get(self.mode, "")
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.comparison.warnings
+
+    def save(self, path: str) -> None:
+        """Write every recording (and capture run) to one file; nddebug.load() reads it back."""
+        from nddebug import storage
+
+        storage.save(self.recordings + self.captures, path)
+
+    def __str__(self) -> str:
+        from nddebug.render import text
+
+        return text.render(self)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return f"<nddebug.Report {s['verdict']}: {s['sources']} source(s), {s['runs']} runs>"
+
+    def _repr_html_(self) -> str:
+        from nddebug.render import html
+
+        return html.render(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": str(self), "text/html": self._repr_html_()}
+
+
+def _row(f: Any) -> dict[str, Any]:
+    op = f.op
+    c: knowledge.Culprit | None = f.culprit
+    if f.role == "propagated":
+        known = c.mechanism if c else ""
+        fix = "Fix the source op(s) above; this op only carries their difference."
+    elif c is not None:
+        known = f"{c.api}: {c.mechanism}"
+        fix = c.fix
+    else:
+        known = "not in the known list"
+        fix = knowledge.advice(f.kind)
+    return {
+        "op_type": op.op_type,
+        "op_name": op.op_name or "(eager)",
+        "role": f.role,
+        "kind": f.kind,
+        "device": op.device,
+        "location": op.location,
+        "runs_differing": f.runs_differing,
+        "distinct_outputs": f.distinct_outputs,
+        "max_abs_diff": f.max_abs_diff,
+        "max_ulp": f.max_ulp,
+        "frac_differing": f.frac_differing,
+        "known_cause": known,
+        "fix": fix,
+        "graph": op.graph,
+        "executions": f.executions,
+        "divergent_executions": f.divergent_executions,
+        "explanation": f.explanation,
+        "key": f.key,
+    }
+
+
+def _attach_magnitudes(comparison: Comparison, captures: list[Recording]) -> None:
+    """Fill max_abs_diff / max_ulp / frac_differing from the full values captured in a
+    second pass (values are captured only for the ops found divergent)."""
+    values = unit_values(captures)
+    for f in comparison.findings:
+        worst: quantify.Divergence | None = None
+        for (unit_key, _slot), arrays in values.items():
+            if unit_key[1] != f.key or len(arrays) < 2:
+                continue
+            d = quantify.measure(arrays)
+            if d is None:
+                continue
+            if worst is None:
+                worst = d
+            else:
+                worst = quantify.Divergence(
+                    max(worst.max_abs_diff, d.max_abs_diff),
+                    max(worst.max_ulp, d.max_ulp),
+                    max(worst.frac_differing, d.frac_differing),
+                )
+        if worst is not None:
+            f.max_abs_diff, f.max_ulp, f.frac_differing = (
+                worst.max_abs_diff,
+                worst.max_ulp,
+                worst.frac_differing,
+            )

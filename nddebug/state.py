@@ -1,0 +1,183 @@
+"""Snapshot and restore the state a training step changes, so repeats start identical."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+
+def _tf_variable(v: Any) -> Any:
+    """The tf.Variable behind a Keras 3 variable (which compares by value, not identity)."""
+    import tensorflow as tf
+
+    if isinstance(v, tf.Variable):
+        return v
+    inner = getattr(v, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    return None
+
+
+def collect_variables(state: Any) -> list[Any]:
+    """Every tf.Variable reachable from ``state``: Keras models (weights, seed generators,
+    compiled optimizer and metrics), optimizers, tf.Modules, tf.random.Generators, variables,
+    and lists of any of these."""
+    found: dict[int, Any] = {}
+
+    def add(v: Any) -> None:
+        tv = _tf_variable(v)
+        if tv is not None:
+            found.setdefault(id(tv), tv)
+
+    def walk(obj: Any) -> None:
+        if obj is None:
+            return
+        if isinstance(obj, (list, tuple, set)):
+            for o in obj:
+                walk(o)
+            return
+        if _tf_variable(obj) is not None:
+            add(obj)
+            return
+        for attr in ("variables", "metrics_variables"):
+            for v in getattr(obj, attr, None) or []:
+                add(v)
+        walk(getattr(obj, "optimizer", None) if _is_keras_model(obj) else None)
+        state_var = getattr(obj, "state", None)  # tf.random.Generator, keras SeedGenerator
+        if state_var is not None and _tf_variable(state_var) is not None:
+            add(state_var)
+
+    walk(state)
+    return list(found.values())
+
+
+def _is_keras_model(obj: Any) -> bool:
+    return hasattr(obj, "train_on_batch") and hasattr(obj, "compile")
+
+
+def keras_models(state: Any) -> list[Any]:
+    if isinstance(state, (list, tuple, set)):
+        return [m for s in state for m in keras_models(s)]
+    return [state] if _is_keras_model(state) else []
+
+
+Snapshot = dict[int, tuple[Any, np.ndarray]]
+
+
+class StateKeeper:
+    """Remembers variable values, including those of variables created while it watches."""
+
+    def __init__(self, state: Any) -> None:
+        self.variables = collect_variables(state)
+        self.initial: Snapshot = {}  # variables created while watching, at creation
+        self.unreadable: list[str] = []  # created, but their initial value could not be read
+
+    def snapshot(self) -> Snapshot:
+        return {id(v): (v, v.numpy()) for v in self.variables}
+
+    def restore(self, snap: Snapshot) -> None:
+        for var, value in self._merged(snap):
+            var.assign(value)
+
+    def _merged(self, snap: Snapshot) -> list[tuple[Any, np.ndarray]]:
+        merged = dict(self.initial)
+        merged.update(snap)
+        return list(merged.values())
+
+    @contextlib.contextmanager
+    def watch_creation(self) -> Iterator[None]:
+        """Record the initial value of every variable created inside (e.g. optimizer slots
+        built on the first step), so later repeats can start from it."""
+        import tensorflow as tf
+
+        def creator(next_creator: Any, **kwargs: Any) -> Any:
+            v = next_creator(**kwargs)
+            tv = _tf_variable(v)
+            if tv is not None and id(tv) not in self.initial:
+                value = _initial_value(tv, kwargs.get("initial_value"))
+                if value is None:
+                    self.unreadable.append(getattr(tv, "name", "?"))
+                else:
+                    self.initial[id(tv)] = (tv, value)
+                    self.variables.append(tv)
+            return v
+
+        with tf.variable_creator_scope(creator):
+            yield
+
+
+def _initial_value(var: Any, initial: Any) -> np.ndarray | None:
+    """The value a new variable starts from. Variables created while a tf.function is first
+    traced (optimizer slots, Keras metrics) cannot be read yet: use their initial value,
+    which is a callable or a tensor made outside the graph (``init_scope``)."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        with contextlib.suppress(Exception):
+            return var.numpy()
+    try:
+        with tf.init_scope():
+            if callable(initial):
+                initial = initial()
+            if hasattr(initial, "numpy"):
+                return np.array(initial.numpy())
+            if initial is not None:
+                return np.array(initial)
+    except Exception:  # noqa: BLE001 - reported by the caller as unreadable
+        return None
+    return None
+
+
+def set_seeds(seed: int) -> None:
+    """Seed Python, NumPy, TensorFlow (and Keras, which seeds all three)."""
+    import tensorflow as tf
+
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    try:
+        import keras
+
+        keras.utils.set_random_seed(seed)
+    except ImportError:
+        pass
+
+
+@contextlib.contextmanager
+def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[None]:
+    """Make Keras rebuild its train/test/predict functions inside the trace (so they are
+    instrumented), without XLA (which cannot hold host callbacks), and put the user's
+    functions and settings back afterwards."""
+    saved = []
+    for m in models:
+        attrs = {
+            a: getattr(m, a, None) for a in ("train_function", "test_function", "predict_function")
+        }
+        jit = getattr(m, "jit_compile", None)
+        saved.append((m, attrs, jit))
+        if jit:
+            warnings.append(
+                f"XLA (jit_compile) was switched off on model {getattr(m, 'name', '')} while "
+                "checking: XLA-compiled steps are checked as a whole only."
+            )
+    try:
+        yield
+    finally:
+        for m, attrs, jit in saved:
+            for a, v in attrs.items():
+                setattr(m, a, v)
+            if jit is not None:
+                m.jit_compile = jit
+
+
+def reset_keras_functions(models: list[Any]) -> None:
+    for m in models:
+        for a in ("train_function", "test_function", "predict_function"):
+            if hasattr(m, a):
+                setattr(m, a, None)
+        if getattr(m, "jit_compile", False):
+            m.jit_compile = False

@@ -1,0 +1,547 @@
+"""Records a digest of every op's outputs (and inputs) through TensorFlow's op callbacks.
+
+Eager ops are digested when the callback sees them. Graph ops (``tf.function``, Keras train
+functions, cond/while bodies, gradients, optimizer updates) are instrumented when they are
+created: the digest ops are added next to the op, and one small host callback per op
+execution hands the digests (a few int64 values) to the active recorder. An instrumented
+graph stays instrumented; outside ``trace()`` its host callbacks return at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import sys
+import sysconfig
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from nddebug import digest as dg
+from nddebug.recording import Event, OpInfo, Recording
+
+# Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
+ALIAS_OPS = {
+    "Identity": None,  # output i <- input i
+    "IdentityN": None,
+    "Snapshot": None,
+    "StopGradient": None,
+    "PreventGradient": None,
+    "EnsureShape": None,
+    "Bitcast": None,
+    "Reshape": 0,  # output 0 <- input 0 (other inputs are shapes/axes)
+    "ExpandDims": 0,
+    "Squeeze": 0,
+}
+# Ops with nothing worth digesting and no effect on values.
+SKIP_OPS = {"NoOp", "PyFunc", "EagerPyFunc"}
+# Ops that write a resource variable (input 0): the value written is read back and digested.
+_WRITER = re.compile(
+    r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"
+    r"AssignSubVariableOp|ResourceScatter|ResourceStridedSliceAssign)"
+)
+_FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
+_UID_SUFFIX = re.compile(r"_\d+$")
+# Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
+# process, a second model); keys drop them and tell real duplicates apart by creation order.
+_UID_IN_NAME = re.compile(r"_\d+(?=/|$)")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = [os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"]]
+    for name in ("tensorflow", "keras", "tf_keras", "absl", "optree", "numpy"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(mod.__file__)))
+    return tuple(d + os.sep for d in dirs)
+
+
+_EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples") + os.sep
+
+
+def _is_user_file(filename: str, lib_dirs: tuple[str, ...]) -> bool:
+    """User code is anything outside TF, Keras, the stdlib and nddebug (but nddebug's
+    examples are user code: they stand for a user's training script)."""
+    if filename.startswith("<") and not filename.startswith("<ipython-input"):
+        return False
+    path = os.path.abspath(filename)
+    return path.startswith(_EXAMPLES_DIR) or not path.startswith(lib_dirs)
+
+
+def _format_location(filename: str, lineno: int, name: str) -> str:
+    return f"{filename}:{lineno} ({name})"
+
+
+class OpRegistry:
+    """Process-wide table of instrumented graph ops: graphs traced once are run many times,
+    possibly under several ``trace()`` blocks, so their op ids must outlive any one of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ops: dict[int, OpInfo] = {}
+        self._ids = itertools.count()
+        self.instrumented_functions: set[str] = set()
+        # per graph: output tensor (by name) -> digest tensor [2] (or None if unreadable)
+        self.graph_digests: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.graph_keys: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+
+REGISTRY = OpRegistry()
+_local = threading.local()
+
+
+def _busy() -> bool:
+    return getattr(_local, "busy", False)
+
+
+@contextlib.contextmanager
+def _inside_nddebug() -> Iterator[None]:
+    prev = _busy()
+    _local.busy = True
+    try:
+        yield
+    finally:
+        _local.busy = prev
+
+
+class Recorder:
+    """Collects one run; installed as TensorFlow's op callback while active."""
+
+    active: Recorder | None = None
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._pending: list[Event] = []
+        self._eager_digests: dict[int, dg.Digest | None] = {}  # EagerTensor._id -> digest
+        self._eager_sites: dict[str, int] = {}
+        self._lib_dirs = _library_dirs()
+        # Op keys whose full output values are kept (second pass of check()).
+        self.capture: set[str] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        from tensorflow.python.eager.polymorphic_function import transform as concrete_function
+        from tensorflow.python.framework import op_callbacks
+
+        if Recorder.active is not None:
+            raise RuntimeError("nddebug.trace() blocks cannot be nested")
+        Recorder.active = self
+        op_callbacks.add_op_callback(self.callback)
+        concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
+
+    def stop(self) -> None:
+        from tensorflow.python.eager.polymorphic_function import transform as concrete_function
+        from tensorflow.python.framework import op_callbacks
+
+        op_callbacks.remove_op_callback(self.callback)
+        if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
+            concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
+        Recorder.active = None
+        with self._lock:
+            for ev in self._pending:
+                self.recording.events.append(ev)
+            self._pending.clear()
+        self.recording.events.sort(key=lambda e: e.seq)
+        self._eager_digests.clear()
+
+    def _on_function(self, function: Any) -> None:
+        REGISTRY.instrumented_functions.add(_as_str(function.name))
+
+    # ------------------------------------------------------------------ callback
+    def callback(
+        self,
+        op_type: Any,
+        inputs: Any,
+        attrs: Any,
+        outputs: Any,
+        op_name: str | None = None,
+        graph: Any = None,
+    ) -> Any:
+        if _busy():
+            return None
+        op_type = _as_str(op_type)
+        with _inside_nddebug():
+            try:
+                if graph is None:
+                    self._on_eager(op_type, inputs or (), attrs, outputs or ())
+                elif not _is_data_graph(graph):
+                    _instrument_graph_op(
+                        self, op_type, inputs or (), attrs, outputs or (), op_name, graph
+                    )
+            except Exception as exc:  # noqa: BLE001 - never break the user's program
+                self.recording.warnings.append(
+                    f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
+                )
+        return None
+
+    # ------------------------------------------------------------------ eager ops
+    def _digest_eager(self, tensor: Any) -> dg.Digest | None:
+        tid = getattr(tensor, "_id", None)
+        if tid is not None and tid in self._eager_digests:
+            return self._eager_digests[tid]
+        d = digest_eager_tensor(tensor)
+        if tid is not None:
+            self._eager_digests[tid] = d
+        return d
+
+    def _on_eager(self, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:
+        if op_type in SKIP_OPS:
+            return
+        location = self._eager_location()
+        key = f"eager:{op_type}@{location}"
+        alias = ALIAS_OPS.get(op_type, -1)
+        if alias != -1:
+            for i, out in enumerate(outputs):
+                src = inputs[i if alias is None else alias] if inputs else None
+                if src is not None and getattr(out, "_id", None) is not None:
+                    self._eager_digests[out._id] = self._digest_eager(src)
+            return
+        in_digests = [self._digest_eager(t) for t in inputs]
+        out_tensors = list(outputs)
+        note = ""
+        if not out_tensors and _WRITER.match(op_type) and inputs:
+            value = _read_variable(inputs[0], _dtype_attr(attrs))
+            if value is not None:
+                out_tensors = [value]
+                note = "value of the variable after this update"
+        if not out_tensors and not in_digests:
+            return
+        out_digests = [self._digest_eager(t) for t in out_tensors]
+        op_id = self._eager_sites.get(key)
+        if op_id is None:
+            op_id = REGISTRY.new_id()
+            self._eager_sites[key] = op_id
+            device = out_tensors[0].device if out_tensors else ""
+            self.recording.ops[op_id] = OpInfo(
+                op_id=op_id,
+                key=key,
+                op_type=op_type,
+                op_name="",
+                graph="",
+                device=device or "",
+                location=location,
+                inputs=[None] * len(inputs),
+                dtypes=[t.dtype.name for t in out_tensors],
+                shapes=[list(t.shape) for t in out_tensors],
+                digestible=[d is not None for d in out_digests],
+                stateful=False,
+                attrs=_interesting_attrs(attrs),
+                note=note,
+            )
+            if _FUNCTION_CALL.match(op_type) and op_type not in REGISTRY.instrumented_functions:
+                self.recording.warnings.append(
+                    f"Function {op_type} ran uninstrumented: it was traced before "
+                    "nddebug.trace() was entered, so only its inputs and outputs are compared. "
+                    "Create or first call the tf.function inside the block, or use "
+                    "nddebug.check(), which retraces it."
+                )
+        seq = next(self._seq)
+        ev = Event(
+            seq=seq,
+            op_id=op_id,
+            call=seq,
+            digests=out_digests,
+            inputs=in_digests,
+            shapes=[list(t.shape) for t in out_tensors],
+        )
+        if self.capture and key in self.capture:
+            for slot, t in enumerate(out_tensors):
+                if out_digests[slot] is not None:
+                    self.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
+        with self._lock:
+            if _FUNCTION_CALL.match(op_type):
+                for pending in self._pending:
+                    pending.call = seq
+                    self.recording.events.append(pending)
+                self._pending.clear()
+            self.recording.events.append(ev)
+
+    def _eager_location(self) -> str:
+        frame = sys._getframe(3)
+        while frame is not None:
+            if _is_user_file(frame.f_code.co_filename, self._lib_dirs):
+                return _format_location(
+                    frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
+                )
+            frame = frame.f_back
+        return ""
+
+    # ------------------------------------------------------------------ graph events
+    def on_graph_event(
+        self, op_id: int, outs: np.ndarray, ins: np.ndarray, values: tuple[np.ndarray, ...] = ()
+    ) -> None:
+        op = REGISTRY.ops.get(op_id)
+        if op is None:
+            return
+        ev = Event(
+            seq=next(self._seq),
+            op_id=op_id,
+            call=-1,
+            digests=_unpack(outs, op.digestible),
+            inputs=[(int(row[0]), int(row[1])) for row in ins.tolist()],
+        )
+        with self._lock:
+            if op_id not in self.recording.ops:
+                self.recording.ops[op_id] = op
+            self._pending.append(ev)
+            if values:
+                slots = [i for i, readable in enumerate(op.digestible) if readable]
+                for slot, value in zip(slots, values, strict=False):
+                    self.recording.values[f"{ev.seq}:{slot}"] = np.array(value)
+
+
+def _unpack(values: np.ndarray, mask: list[bool]) -> list[dg.Digest | None]:
+    it = iter(values.tolist())
+    return [tuple(next(it)) if readable else None for readable in mask]
+
+
+def _as_str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _attr(attrs: Any, name: str) -> Any:
+    if not attrs:
+        return None
+    items = attrs.items() if isinstance(attrs, dict) else zip(attrs[::2], attrs[1::2], strict=False)
+    for k, v in items:
+        if k == name:
+            return v
+    return None
+
+
+def _dtype_attr(attrs: Any) -> Any:
+    import tensorflow as tf
+
+    value = _attr(attrs, "T")
+    if value is None:
+        value = _attr(attrs, "dtype")
+    if value is None:
+        return None
+    return tf.as_dtype(getattr(value, "type", value))
+
+
+def _interesting_attrs(attrs: Any) -> dict[str, Any]:
+    out = {}
+    for name in ("seed", "seed2"):
+        v = _attr(attrs, name)
+        if v is not None:
+            out[name] = int(getattr(v, "i", v))
+    return out
+
+
+def _is_data_graph(graph: Any) -> bool:
+    """tf.data function bodies run on tf.data's threads, ahead of the step (prefetch): their
+    execution count at any moment is timing-dependent, so they are compared through the
+    iterator's outputs instead."""
+    name = getattr(graph, "name", "") or ""
+    return name.startswith("Dataset_") or "_Dataset_" in name
+
+
+def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
+    """Digest an eager tensor where it lives: host tensors in numpy (zero-copy view), device
+    tensors with TF kernels on the device."""
+    import tensorflow as tf
+
+    try:
+        dtype = tensor.dtype
+    except AttributeError:
+        return None
+    if not dg.digestible(dtype):
+        return None
+    device = getattr(tensor, "device", "") or ""
+    if "GPU" not in device.upper() and "TPU" not in device.upper():
+        try:
+            return dg.digest_numpy(tensor.numpy())
+        except (TypeError, ValueError, tf.errors.OpError):
+            pass
+    with tf.device(device or None):
+        fn = dg.eager_digest_fn(dtype, tuple(tensor.shape), dg.use_matmul_for(device))
+        values = fn(tensor).numpy()
+    return int(values[0]), int(values[1])
+
+
+def _read_variable(handle: Any, dtype: Any) -> Any:
+    if dtype is None:
+        return None
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    try:
+        return gen_resource_variable_ops.read_variable_op(handle, dtype)
+    except Exception:  # noqa: BLE001 - a handle we cannot read is simply not digested
+        return None
+
+
+# ---------------------------------------------------------------------- graph instrumentation
+
+
+def _receive(op_id: np.ndarray, outs: np.ndarray, ins: np.ndarray, *values: np.ndarray) -> None:
+    rec = Recorder.active
+    if rec is not None:
+        rec.on_graph_event(int(op_id), outs, ins, values)
+
+
+def _graph_key(graph: Any) -> str:
+    names = []
+    g = graph
+    while g is not None and hasattr(g, "name"):
+        names.append(_UID_SUFFIX.sub("", _as_str(g.name)))
+        g = getattr(g, "outer_graph", None)
+    return "/".join(reversed(names))
+
+
+def _graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
+    try:
+        frames = op.traceback
+    except Exception:  # noqa: BLE001
+        return ""
+    for frame in reversed(list(frames)):
+        if _is_user_file(frame.filename, lib_dirs):
+            return _format_location(frame.filename, frame.lineno, frame.name)
+    return ""
+
+
+def _digest_tensor_in_graph(graph: Any, tensor: Any) -> Any:
+    """The digest tensor of ``tensor`` in ``graph``, built once per tensor."""
+    import tensorflow as tf
+
+    cache = REGISTRY.graph_digests.setdefault(graph, {})
+    name = tensor.name
+    if name in cache:
+        return cache[name]
+    d = None
+    if dg.digestible(tensor.dtype):
+        with tf.name_scope("nddebug"):
+            d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device))
+    cache[name] = d
+    return d
+
+
+def _instrument_graph_op(
+    rec: Recorder,
+    op_type: str,
+    inputs: Any,
+    attrs: Any,
+    outputs: Any,
+    op_name: str | None,
+    graph: Any,
+) -> None:
+    import tensorflow as tf
+
+    if op_type in SKIP_OPS:
+        return
+    cache = REGISTRY.graph_digests.setdefault(graph, {})
+    alias = ALIAS_OPS.get(op_type, -1)
+    if alias != -1:
+        # Pass-through: consumers see the producer's digest; nothing runs.
+        for i, out in enumerate(outputs):
+            src = inputs[i if alias is None else alias] if inputs else None
+            if src is not None:
+                cache[out.name] = _digest_tensor_in_graph(graph, src)
+        return
+    op = outputs[0].op if outputs else graph.get_operation_by_name(op_name)
+    out_tensors = list(outputs)
+    note = ""
+    if not out_tensors and _WRITER.match(op_type) and inputs:
+        dtype = _dtype_attr(attrs)
+        if dtype is not None:
+            from tensorflow.python.ops import gen_resource_variable_ops
+
+            with tf.control_dependencies([op]), tf.name_scope("nddebug"):
+                out_tensors = [gen_resource_variable_ops.read_variable_op(inputs[0], dtype)]
+            note = "value of the variable after this update"
+    if op_type in ("Const", "Placeholder") and not note:
+        # Constants are fixed by the graph; placeholders are digested by their consumers.
+        return
+    in_digests = [_digest_tensor_in_graph(graph, t) for t in inputs]
+    out_digests = [_digest_tensor_in_graph(graph, t) for t in out_tensors]
+    readable_out = [d for d in out_digests if d is not None]
+    readable_in = [d for d in in_digests if d is not None]
+    op_id = REGISTRY.new_id()
+    base = f"{_graph_key(graph)}/{_UID_IN_NAME.sub('', op.name)}"
+    seen = REGISTRY.graph_keys.setdefault(graph, {})
+    count = seen.get(base, 0)
+    seen[base] = count + 1
+    key = base if count == 0 else f"{base}#{count}"
+    info = OpInfo(
+        op_id=op_id,
+        key=key,
+        op_type=op_type,
+        op_name=op.name,
+        graph=_as_str(graph.name),
+        device=op.device or "",
+        location=_graph_location(op, rec._lib_dirs),
+        inputs=[None] * len(inputs),
+        dtypes=[t.dtype.name for t in out_tensors],
+        shapes=[t.shape.as_list() if t.shape.rank is not None else None for t in out_tensors],
+        digestible=[d is not None for d in out_digests],
+        stateful=bool(op._is_stateful) if hasattr(op, "_is_stateful") else False,
+        attrs=_interesting_attrs(attrs),
+        note=note,
+    )
+    with REGISTRY.lock:
+        REGISTRY.ops[op_id] = info
+    if op_type in ("StatefulPartitionedCall", "PartitionedCall"):
+        f = _attr(attrs, "f")
+        fname = _as_str(getattr(f, "name", "")) if f is not None else ""
+        if fname and fname not in REGISTRY.instrumented_functions:
+            rec.recording.warnings.append(
+                f"Graph {graph.name} calls function {fname}, traced before nddebug.trace(): its "
+                "inner ops are not recorded, only its outputs."
+            )
+    if not readable_out and not readable_in:
+        return
+    captured = []
+    if rec.capture and key in rec.capture:
+        captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
+    with tf.name_scope("nddebug"):
+        outs = tf.stack(readable_out) if readable_out else tf.zeros([0, 2], tf.int64)
+        ins = tf.stack(readable_in) if readable_in else tf.zeros([0, 2], tf.int64)
+        tf.numpy_function(
+            _receive, [tf.constant(op_id, tf.int64), outs, ins, *captured], Tout=[], stateful=True
+        )
+
+
+# ---------------------------------------------------------------------- public entry point
+
+
+@contextlib.contextmanager
+def trace(label: str = "", path: str | None = None) -> Iterator[Recording]:
+    """Record every TensorFlow op executed in the block.
+
+    ``with nddebug.trace() as rec:`` gives the :class:`Recording`, filled when the block ends;
+    with ``path`` the run is also appended to that recording file.
+    """
+    from nddebug import environment
+
+    rec = Recording(label=label, digest_algorithm=dg.ALGORITHM)
+    rec.environment = environment.capture()
+    recorder = Recorder(rec)
+    recorder.start()
+    try:
+        yield rec
+    except BaseException:
+        rec.status = "interrupted"
+        raise
+    finally:
+        recorder.stop()
+        if not rec.events:
+            rec.warnings.append(
+                "No TensorFlow op ran inside the block: nothing was recorded. Put the training "
+                "step itself (not only the model construction) inside nddebug.trace()."
+            )
+        if path is not None:
+            rec.save(path)
