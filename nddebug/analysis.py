@@ -222,6 +222,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 units=sorted(chosen),
             )
         )
+    _state_propagation(findings)
     for f in findings:
         _explain(f)
     order = {"source": 0, "control flow": 1, "propagated": 2}
@@ -242,6 +243,27 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         order_only=sorted(order_only),
         warnings=warnings,
     )
+
+
+def _state_propagation(findings: list[OpFinding]) -> None:
+    """Divergence also flows through variables: a read of a variable that a divergent update
+    wrote in the same call differs because of that update, not by itself. And the call of an
+    instrumented tf.function only carries the divergence of the ops inside it."""
+    written = {
+        (u[0], f.op.resource)
+        for f in findings
+        if f.op.resource and f.op.op_type != "ReadVariableOp"
+        for u in f.units
+    }
+    for f in findings:
+        if f.role != "source":
+            continue
+        if f.op.op_type == "ReadVariableOp" and any(
+            (u[0], f.op.resource) in written for u in f.units
+        ):
+            f.role = "propagated"
+        elif f.op.function == "instrumented":
+            f.role = "propagated"
 
 
 def _same_multiset(per_run_units: list[dict[Unit, Event]], units: list[Unit]) -> bool:
@@ -295,7 +317,19 @@ def _explain(f: OpFinding) -> None:
         return
     if f.role == "propagated":
         f.kind = f.culprit.kind if f.culprit else "numerical"
-        f.explanation = "differs because one of its inputs differs"
+        if op.function:
+            f.explanation = "a tf.function call: it returns what the ops inside it computed"
+        elif op.op_type == "ReadVariableOp":
+            f.explanation = "reads a variable that a divergent update wrote"
+        else:
+            f.explanation = "differs because one of its inputs differs"
+        return
+    if op.function == "uninstrumented":
+        f.kind = "other"
+        f.explanation = (
+            "a tf.function traced before nddebug.trace(): its inner ops were not recorded, so "
+            "the divergence is somewhere inside it; trace or call it first inside the block"
+        )
         return
     if f.culprit is not None:
         f.kind = f.culprit.kind

@@ -47,10 +47,12 @@ def check(
     variables a first call creates, such as optimizer slots; it is not compared, because it
     runs one-time ops the others do not. Before every compared repeat the variables of
     ``state`` and those created by the warm-up are restored, and with ``seed`` the Python,
-    NumPy, TensorFlow and Keras seeds are set. Afterwards the state is left as after the
-    warm-up, as if the step had run once. With ``path`` each compared run is appended to that
-    file as soon as it ends. If ops diverge and ``quantify`` is set, two more runs capture the
-    full values of the divergent ops to measure how far apart they are.
+    NumPy, TensorFlow and Keras seeds are set. If ops diverge and ``quantify`` is set, two
+    more runs capture the full values of the divergent ops to measure how far apart they are.
+    With ``path`` each compared run is appended to that file as soon as it ends.
+
+    Finally the state is restored once more and ``fn`` runs once, uninstrumented: the user's
+    training continues exactly as if check() had been one ordinary step.
     """
     from nddebug.tracer import Recorder, trace
 
@@ -60,30 +62,26 @@ def check(
     models = st.keras_models(state)
     keeper = st.StateKeeper(state)
     before = keeper.snapshot()
-    after_first = None
     runs: list[Recording] = []
     captures: list[Recording] = []
-    with st.fresh_keras_functions(models, warnings):
-        step = _fresh(fn, warnings)
-        st.reset_keras_functions(models)
 
-        def one_run(label: str, capture: set[str] | None = None, save: bool = True) -> Recording:
-            keeper.restore(before)
-            if seed is not None:
-                st.set_seeds(seed)
-            with keeper.watch_creation(), trace(label=label) as rec:
-                if capture is not None:
-                    assert Recorder.active is not None
-                    Recorder.active.capture = capture
-                step(*args, **kwargs)
-            rec.warnings.extend(warnings)
-            if path is not None and save:
-                rec.save(path)
-            return rec
+    def one_run(step: Callable[..., Any], label: str, capture: set[str] | None = None) -> Recording:
+        keeper.restore(before)
+        if seed is not None:
+            st.set_seeds(seed)
+        with keeper.watch_creation(), trace(label=label) as rec:
+            if capture is not None:
+                assert Recorder.active is not None
+                Recorder.active.capture = capture
+            step(*args, **kwargs)
+        rec.warnings.extend(w for w in warnings if w not in rec.warnings)
+        return rec
 
-        try:
-            warm = one_run("warm-up", save=False)
-            after_first = keeper.snapshot()
+    try:
+        with st.fresh_keras_functions(models, warnings):
+            step = _fresh(fn, warnings)
+            st.reset_keras_functions(models)
+            warm = one_run(step, "warm-up")
             if keeper.unreadable:
                 warnings.append(
                     "Could not read the initial value of variable(s) created by the step "
@@ -91,20 +89,30 @@ def check(
                 )
             warnings.extend(w for w in warm.warnings if w not in warnings)
             for i in range(repeats):
-                runs.append(one_run(f"repeat {i}"))
+                runs.append(one_run(step, f"repeat {i}"))
+                if path is not None:
+                    runs[-1].save(path)
             report = Report(runs, mode="repeat")
             keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
             if quantify and keys:
-                # Retrace so the graphs pass the chosen outputs' values to the host.
+                # Retrace, so that the graphs hand the chosen outputs' values to the host.
                 step = _fresh(fn, [])
                 st.reset_keras_functions(models)
-                one_run("capture warm-up", keys, save=False)
+                one_run(step, "capture warm-up", keys)
                 for j in range(2):
-                    captures.append(one_run(f"capture {j}", keys))
+                    captures.append(one_run(step, f"capture {j}", keys))
+                    if path is not None:
+                        captures[-1].save(path)
                 report = Report(runs, mode="repeat", captures=captures)
-        finally:
-            if after_first is not None:
-                keeper.restore(after_first)
+    except BaseException:
+        keeper.restore(before)
+        raise
+    # Leave the state as after one ordinary, uninstrumented step of the user's own function:
+    # instrumented graphs can fuse ops differently, so their last bits need not match it.
+    keeper.restore(before)
+    if seed is not None:
+        st.set_seeds(seed)
+    fn(*args, **kwargs)
     return report
 
 

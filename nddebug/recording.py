@@ -30,6 +30,8 @@ class OpInfo:
     stateful: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
     note: str = ""  # e.g. "value of the variable after this update"
+    resource: str = ""  # the variable an op reads or writes (ReadVariableOp, updates)
+    function: str = ""  # for a tf.function call: "instrumented" or "uninstrumented"
 
 
 @dataclass

@@ -241,8 +241,10 @@ class Recorder:
                 stateful=False,
                 attrs=_interesting_attrs(attrs),
                 note=note,
+                resource=_eager_resource(op_type, inputs),
+                function=_function_state(op_type),
             )
-            if _FUNCTION_CALL.match(op_type) and op_type not in REGISTRY.instrumented_functions:
+            if self.recording.ops[op_id].function == "uninstrumented":
                 self.recording.warnings.append(
                     f"Function {op_type} ran uninstrumented: it was traced before "
                     "nddebug.trace() was entered, so only its inputs and outputs are compared. "
@@ -332,6 +334,22 @@ def _dtype_attr(attrs: Any) -> Any:
     if value is None:
         return None
     return tf.as_dtype(getattr(value, "type", value))
+
+
+def _reads_or_writes_variable(op_type: str) -> bool:
+    return op_type == "ReadVariableOp" or bool(_WRITER.match(op_type))
+
+
+def _eager_resource(op_type: str, inputs: Any) -> str:
+    if not inputs or not _reads_or_writes_variable(op_type):
+        return ""
+    return f"eager:{getattr(inputs[0], '_id', '?')}"
+
+
+def _function_state(op_type: str) -> str:
+    if not _FUNCTION_CALL.match(op_type):
+        return ""
+    return "instrumented" if op_type in REGISTRY.instrumented_functions else "uninstrumented"
 
 
 def _interesting_attrs(attrs: Any) -> dict[str, Any]:
@@ -491,6 +509,11 @@ def _instrument_graph_op(
         stateful=bool(op._is_stateful) if hasattr(op, "_is_stateful") else False,
         attrs=_interesting_attrs(attrs),
         note=note,
+        resource=(
+            f"{_graph_key(graph)}:{inputs[0].name}"
+            if inputs and _reads_or_writes_variable(op_type)
+            else ""
+        ),
     )
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info

@@ -1,0 +1,56 @@
+"""An unseeded random op inside a custom layer is found as a "random" source; a seeded,
+stateless one is not."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import nddebug
+
+
+class NoisyDense(keras.layers.Layer):
+    """A layer that adds noise from an unseeded, stateful random op: a classic mistake."""
+
+    def __init__(self, units: int, stateless: bool = False) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(units)
+        self.stateless = stateless
+
+    def call(self, x):
+        y = self.dense(x)
+        if self.stateless:
+            return y + 0.01 * tf.random.stateless_uniform(tf.shape(y), seed=[1, 2])
+        return y + 0.01 * tf.random.uniform(tf.shape(y))
+
+
+def _model(stateless: bool) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), NoisyDense(8, stateless), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.random((32, 16), dtype=np.float32), rng.random((32, 2), dtype=np.float32)
+
+
+def test_unseeded_random_uniform_is_a_random_source() -> None:
+    model = _model(stateless=False)
+    report = nddebug.check(model.train_on_batch, *_data(), repeats=3, state=model)
+    sources = report.sources
+    assert list(sources["op_type"]) == ["RandomUniform"], str(report)
+    row = sources.iloc[0]
+    assert row["kind"] == "random"
+    assert "seed" in row["fix"].lower()
+    assert "test_random_source.py" in row["location"]
+    # Everything the noise feeds into is propagated, not a source.
+    assert (report.culprits["role"] != "source").sum() >= 3
+
+
+def test_seeded_stateless_noise_is_reproducible() -> None:
+    model = _model(stateless=True)
+    report = nddebug.check(model.train_on_batch, *_data(), repeats=3, state=model)
+    assert report.ok, str(report)
