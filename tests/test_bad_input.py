@@ -1,0 +1,94 @@
+"""Bad input gets a clear error or message, never a crash or a wrong "ok"."""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+import nddebug
+
+
+def test_empty_block_records_nothing_and_says_so() -> None:
+    with nddebug.trace() as a:
+        pass
+    with nddebug.trace() as b:
+        _ = sum(range(10))  # Python only: no TensorFlow op
+    for rec in (a, b):
+        assert len(rec) == 0
+        assert any("No TensorFlow op ran" in w for w in rec.warnings)
+    with pytest.raises(nddebug.EmptyTraceError, match="recorded no TensorFlow op"):
+        nddebug.compare([a, b])
+
+
+def test_check_of_a_function_without_tf_ops_is_an_error_not_ok() -> None:
+    with pytest.raises(nddebug.EmptyTraceError):
+        nddebug.check(lambda: 1 + 1, repeats=2)
+
+
+def test_fewer_than_two_runs_cannot_be_compared() -> None:
+    with nddebug.trace() as rec:
+        tf.constant(1.0) + 1.0
+    with pytest.raises(nddebug.NotComparableError, match="at least two"):
+        nddebug.compare([rec])
+    with pytest.raises(ValueError, match="repeats"):
+        nddebug.check(lambda: tf.constant(1.0) + 1.0, repeats=1)
+
+
+def test_string_and_resource_outputs_are_recorded_as_unreadable() -> None:
+    def step() -> None:
+        words = tf.strings.join([tf.constant("a"), tf.constant("b")])
+        tf.strings.length(words)
+        v = tf.Variable(1.0)
+        v.assign_add(1.0)
+
+    recs = []
+    for _ in range(2):
+        with nddebug.trace() as rec:
+            step()
+        recs.append(rec)
+    ops = {op.op_type: op for op in recs[0].ops.values()}
+    assert ops["StringJoin"].digestible == [False]
+    assert ops["StringLength"].digestible == [True]
+    assert ops["VarHandleOp"].digestible == [False]
+    report = nddebug.compare(recs)
+    assert report.ok, str(report)
+
+
+def test_runs_whose_op_sequences_differ_report_where_paths_part() -> None:
+    x = tf.constant([1.0, 2.0])
+    recs = []
+    for branch in (True, False):
+        with nddebug.trace() as rec:
+            y = x * 2.0
+            y = tf.exp(y) if branch else tf.sqrt(y)
+            tf.reduce_sum(y)
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert not report.ok
+    (path,) = report.comparison.paths
+    assert "Exp" in path.reference_op and "Sqrt" in path.other_op
+    assert "different path" in str(report)
+    df = report.culprits
+    assert set(df[df["role"] == "control flow"]["op_type"]) >= {"Exp"}
+
+
+def test_loading_a_missing_or_foreign_file_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(nddebug.RecordingFileError, match="no such recording file"):
+        nddebug.load(str(tmp_path / "nope.nddebug"))
+    junk = tmp_path / "junk.nddebug"
+    junk.write_text("this is not a recording\n" * 100)
+    with pytest.raises(nddebug.RecordingFileError, match="junk.nddebug"):
+        nddebug.load(str(junk))
+
+
+def test_truncated_recording_is_a_clear_error(tmp_path) -> None:
+    path = str(tmp_path / "run.nddebug")
+    for _ in range(2):
+        with nddebug.trace(path=path):
+            tf.reduce_sum(tf.random.stateless_uniform([1000], seed=[1, 2]))
+    assert len(nddebug.load(path)) == 2
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(nddebug.RecordingFileError, match="run.nddebug"):
+        nddebug.load(path)

@@ -1,0 +1,89 @@
+"""What trace() sees: eager ops, tf.function graphs with control flow and gradients,
+optimizer updates, Keras fit; and functions traced before the block are reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import nddebug
+from nddebug.examples import mnist_cnn
+
+
+def test_while_loop_and_cond_bodies_are_recorded_per_iteration() -> None:
+    @tf.function
+    def f(x):
+        def body(i, acc):
+            acc = tf.cond(i % 2 == 0, lambda: acc * 1.5, lambda: acc - 0.5)
+            return i + 1, acc
+
+        return tf.while_loop(lambda i, _: i < 6, body, [tf.constant(0), x])[1]
+
+    with nddebug.trace() as rec:
+        f(tf.ones([4]))
+    by_type: dict[str, int] = {}
+    for ev in rec.events:
+        t = rec.ops[ev.op_id].op_type
+        by_type[t] = by_type.get(t, 0) + 1
+    assert by_type.get("Mul", 0) == 3 and by_type.get("Sub", 0) == 3, by_type
+    graphs = {rec.ops[ev.op_id].graph for ev in rec.events}
+    assert any("cond_true" in g for g in graphs) and any("while_body" in g for g in graphs)
+
+
+def test_gradients_and_optimizer_updates_are_recorded() -> None:
+    w = tf.Variable(tf.ones([3, 2]))
+    opt = tf.keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, w) ** 2)
+        opt.apply_gradients([(tape.gradient(loss, w), w)])
+        return loss
+
+    with nddebug.trace() as rec:
+        step(tf.ones([4, 3]))
+    ops = list(rec.ops.values())
+    assert any(op.op_type == "MatMul" and "gradient_tape" in op.op_name for op in ops)
+    updates = [op for op in ops if op.note == "value of the variable after this update"]
+    assert updates, [op.op_type for op in ops]
+
+
+def test_keras_fit_is_recorded_including_the_input_pipeline() -> None:
+    model = mnist_cnn.make_model(0)
+    x, y = mnist_cnn.make_data(64)
+    with nddebug.trace() as rec:
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    types = {rec.ops[ev.op_id].op_type for ev in rec.events}
+    assert {"IteratorGetNext", "Conv2DBackpropFilter", "BiasAddGrad"} <= types, types
+
+
+def test_a_function_traced_before_the_block_is_reported_not_silently_missed() -> None:
+    @tf.function
+    def g(x):
+        return tf.nn.softmax(x * 3.0)
+
+    g(tf.ones([5]))  # traced outside any trace() block
+    with nddebug.trace() as rec:
+        g(tf.ones([5]))
+    assert any("traced before nddebug.trace()" in w for w in rec.warnings), rec.warnings
+    assert not any(rec.ops[ev.op_id].op_type == "Softmax" for ev in rec.events)
+
+    # check() retraces it, so its inner ops are covered.
+    report = nddebug.check(g, tf.ones([5]), repeats=2)
+    assert report.ok
+    assert any(op.op_type == "Softmax" for op in report.recordings[0].ops.values())
+    assert not any("traced before" in w for w in report.warnings)
+
+
+def test_eager_ops_have_user_locations_and_input_digests() -> None:
+    x = tf.constant(np.arange(6, dtype=np.float32))
+    with nddebug.trace() as rec:
+        y = tf.square(x)
+    (ev,) = [e for e in rec.events if rec.ops[e.op_id].op_type == "Square"]
+    op = rec.ops[ev.op_id]
+    assert "test_trace_coverage.py" in op.location
+    from nddebug.digest import digest_numpy
+
+    assert ev.inputs == [digest_numpy(x.numpy())]
+    assert ev.digests == [digest_numpy(y.numpy())]
