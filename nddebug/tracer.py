@@ -10,6 +10,7 @@ graph stays instrumented; outside ``trace()`` its host callbacks return at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import re
@@ -266,9 +267,14 @@ class Recorder:
                     self.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
         with self._lock:
             if _FUNCTION_CALL.match(op_type):
+                device = self.recording.ops[op_id].device
                 for pending in self._pending:
                     pending.call = seq
                     self.recording.events.append(pending)
+                    inner = self.recording.ops[pending.op_id]
+                    if not inner.device and device:
+                        # Graph ops are placed after tracing: the function's device stands in.
+                        inner.device = device
                 self._pending.clear()
             self.recording.events.append(ev)
 
@@ -298,7 +304,7 @@ class Recorder:
         )
         with self._lock:
             if op_id not in self.recording.ops:
-                self.recording.ops[op_id] = op
+                self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
             self._pending.append(ev)
             if values:
                 slots = [i for i, readable in enumerate(op.digestible) if readable]
@@ -412,6 +418,15 @@ def _receive(op_id: np.ndarray, outs: np.ndarray, ins: np.ndarray, *values: np.n
         rec.on_graph_event(int(op_id), outs, ins, values)
 
 
+def _in_xla(graph: Any) -> bool:
+    from tensorflow.python.ops import control_flow_util
+
+    try:
+        return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+    except Exception:  # noqa: BLE001 - an unknown graph type is not XLA
+        return False
+
+
 def _graph_key(graph: Any) -> str:
     names = []
     g = graph
@@ -460,6 +475,16 @@ def _instrument_graph_op(
     import tensorflow as tf
 
     if op_type in SKIP_OPS:
+        return
+    if _in_xla(graph):
+        name = _as_str(graph.name)
+        warning = (
+            f"{name} is compiled with XLA (jit_compile=True): XLA cannot hold nddebug's host "
+            "callbacks, so its inner ops are not recorded, only its inputs and outputs. Set "
+            "jit_compile=False while debugging, or use nddebug.check(), which does."
+        )
+        if warning not in rec.recording.warnings:
+            rec.recording.warnings.append(warning)
         return
     cache = REGISTRY.graph_digests.setdefault(graph, {})
     alias = ALIAS_OPS.get(op_type, -1)

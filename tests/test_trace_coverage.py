@@ -87,3 +87,18 @@ def test_eager_ops_have_user_locations_and_input_digests() -> None:
 
     assert ev.inputs == [digest_numpy(x.numpy())]
     assert ev.digests == [digest_numpy(y.numpy())]
+
+
+def test_an_xla_function_is_not_broken_and_is_reported() -> None:
+    @tf.function(jit_compile=True)
+    def h(x):
+        return tf.reduce_sum(tf.tanh(x) * 2.0)
+
+    with nddebug.trace() as rec:
+        value = h(tf.ones([8]))
+    assert value.numpy().tobytes() == h(tf.ones([8])).numpy().tobytes()
+    assert any("XLA" in w for w in rec.warnings), rec.warnings
+    # The call itself is still compared through its inputs and outputs.
+    assert any(rec.ops[ev.op_id].function for ev in rec.events)
+    report = nddebug.check(h, tf.ones([8]), repeats=2)
+    assert report.ok and any(op.op_type == "Tanh" for op in report.recordings[0].ops.values())

@@ -79,7 +79,11 @@ def render(report: Report) -> str:
                 f"Source: {row['op_type']} ({row['op_name']}) — {row['kind']}",
                 f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
                 *_wrap("why: ", row["explanation"]),
-                *_wrap("known: ", row["known_cause"]),
+                *(
+                    _wrap("known: ", row["known_cause"])
+                    if row["explanation"] not in row["known_cause"]
+                    else _wrap("known: ", row["known_cause"].split(": ", 1)[0])
+                ),
                 *_wrap("fix: ", row["fix"]),
             ]
     if report.warnings:
