@@ -77,7 +77,7 @@ def test_loading_a_missing_or_foreign_file_is_a_clear_error(tmp_path) -> None:
         nddebug.load(str(tmp_path / "nope.nddebug"))
     junk = tmp_path / "junk.nddebug"
     junk.write_text("this is not a recording\n" * 100)
-    with pytest.raises(nddebug.RecordingFileError, match="junk.nddebug"):
+    with pytest.raises(nddebug.RecordingFileError, match=r"junk\.nddebug"):
         nddebug.load(str(junk))
 
 
@@ -90,5 +90,5 @@ def test_truncated_recording_is_a_clear_error(tmp_path) -> None:
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[: len(data) // 2])
-    with pytest.raises(nddebug.RecordingFileError, match="run.nddebug"):
+    with pytest.raises(nddebug.RecordingFileError, match=r"run\.nddebug"):
         nddebug.load(path)
