@@ -19,6 +19,7 @@ from nddebug.errors import (
     NddebugError,
     NotComparableError,
     RecordingFileError,
+    TraceError,
 )
 from nddebug.knowledge import known_ops
 from nddebug.recording import Recording
@@ -42,6 +43,7 @@ __all__ = [
     "Recording",
     "RecordingFileError",
     "Report",
+    "TraceError",
     "check",
     "compare",
     "known_ops",

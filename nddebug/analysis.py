@@ -72,8 +72,12 @@ def _event_inputs(ev: Event) -> Any:
     return tuple(tuple(d) if d is not None else None for d in ev.inputs)
 
 
+UNATTRIBUTED = -1  # graph executions no recorded eager call claimed (still compared)
+
+
 def _units(rec: Recording, ref_index: dict[int, int]) -> dict[Unit, Event]:
     """Map each event of ``rec`` to its unit, given its eager calls' indices in the reference."""
+    ref_index = {**ref_index, UNATTRIBUTED: UNATTRIBUTED}
     out: dict[Unit, Event] = {}
     counts: dict[tuple[int, str], int] = defaultdict(int)
     for ev in rec.events:
@@ -222,9 +226,17 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 units=sorted(chosen),
             )
         )
-    _state_propagation(findings)
+    _state_propagation(findings, ref_seq)
     for f in findings:
         _explain(f)
+    # A propagated op carries the kind of the first source upstream of it.
+    first_source = min(
+        (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
+    )
+    if first_source is not None:
+        for f in findings:
+            if f.role == "propagated":
+                f.kind = first_source.kind
     order = {"source": 0, "control flow": 1, "propagated": 2}
     findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
     if paths or any(f.role == "control flow" for f in findings):
@@ -245,24 +257,32 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     )
 
 
-def _state_propagation(findings: list[OpFinding]) -> None:
-    """Divergence also flows through variables: a read of a variable that a divergent update
-    wrote in the same call differs because of that update, not by itself. And the call of an
-    instrumented tf.function only carries the divergence of the ops inside it."""
-    written = {
-        (u[0], f.op.resource)
-        for f in findings
-        if f.op.resource and f.op.op_type != "ReadVariableOp"
-        for u in f.units
-    }
+def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> None:
+    """Divergence also flows through variables and function calls:
+    - a read that follows a divergent update of the same variable differs because of it;
+    - the value a variable holds after the step (VariableState) differs because of the ops
+      found above, when there are any;
+    - the call of an instrumented tf.function returns what the ops inside it computed."""
+    writes: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for f in findings:
+        if f.op.resource and f.op.op_type not in ("ReadVariableOp", "VariableState"):
+            writes[f.op.resource] += [(u[0], ref_seq.get(u, -1)) for u in f.units]
+
+    def after_divergent_write(f: OpFinding) -> bool:
+        for u in f.units:
+            seq = ref_seq.get(u, 1 << 62)
+            eager = not f.op.graph
+            if any((eager or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, [])):
+                return True
+        return False
+
+    explained = any(f.op.op_type != "VariableState" for f in findings)
     for f in findings:
         if f.role != "source":
             continue
-        if f.op.op_type == "ReadVariableOp" and any(
-            (u[0], f.op.resource) in written for u in f.units
-        ):
+        if f.op.op_type == "ReadVariableOp" and after_divergent_write(f):
             f.role = "propagated"
-        elif f.op.function == "instrumented":
+        elif f.op.function == "instrumented" or (f.op.op_type == "VariableState" and explained):
             f.role = "propagated"
 
 
@@ -317,7 +337,9 @@ def _explain(f: OpFinding) -> None:
         return
     if f.role == "propagated":
         f.kind = f.culprit.kind if f.culprit else "numerical"
-        if op.function:
+        if op.op_type == "VariableState":
+            f.explanation = "the variable's value after the step: changed by the ops above"
+        elif op.function:
             f.explanation = "a tf.function call: it returns what the ops inside it computed"
         elif op.op_type == "ReadVariableOp":
             f.explanation = "reads a variable that a divergent update wrote"
@@ -329,6 +351,26 @@ def _explain(f: OpFinding) -> None:
         f.explanation = (
             "a tf.function traced before nddebug.trace(): its inner ops were not recorded, so "
             "the divergence is somewhere inside it; trace or call it first inside the block"
+        )
+        return
+    if op.op_type == "VariableState":
+        f.kind = "other"
+        f.explanation = (
+            "the variable's value after the step differs, but no traced op explains it: it was "
+            "updated inside a function that ran uninstrumented (traced before the block, or "
+            "XLA-compiled), or the runs started from different values"
+        )
+        return
+    on_its_device = f.culprit is not None and f.culprit.device in (
+        "any",
+        knowledge.device_kind(op.device),
+    )
+    if op.note == "value of the variable after this update" and not on_its_device:
+        f.kind = "other"
+        f.explanation = (
+            "the update's inputs were identical but the variable it updated held a different "
+            "value before: state was not restored between runs (pass it as state=) or an "
+            "earlier untraced update changed it"
         )
         return
     if f.culprit is not None:

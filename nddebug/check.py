@@ -74,6 +74,10 @@ def check(
                 assert Recorder.active is not None
                 Recorder.active.capture = capture
             step(*args, **kwargs)
+            assert Recorder.active is not None
+            Recorder.active.record_variables(keeper.variables)
+        if capture is not None:
+            rec.kind = "capture"
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)
         return rec
 
@@ -88,6 +92,12 @@ def check(
                     f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
                 )
             warnings.extend(w for w in warm.warnings if w not in warnings)
+            if state is None and any(op.resource for op in warm.ops.values()):
+                warnings.append(
+                    "The step reads or updates variables but no state= was given: every repeat "
+                    "starts from whatever the previous one left. Pass the model, optimizer or "
+                    "variables as state= to restore them."
+                )
             for i in range(repeats):
                 runs.append(one_run(step, f"repeat {i}"))
                 if path is not None:
@@ -119,9 +129,9 @@ def check(
 def compare(recordings: Sequence[Recording]) -> Report:
     """Compare recordings made separately (your own loop, other processes, other machines)."""
     recs = list(recordings)
-    captures = [r for r in recs if r.values]
-    plain = [r for r in recs if not r.values] or recs
-    return Report(plain, mode="compare", captures=captures if len(captures) >= 2 else None)
+    runs = [r for r in recs if r.kind != "capture"]
+    captures = [r for r in recs if r.kind == "capture"]
+    return Report(runs, mode="compare", captures=captures)
 
 
 def load(path: str) -> list[Recording]:

@@ -164,8 +164,10 @@ def _weighted_sum(words: Any, weights: np.ndarray, stream: int, use_matmul: bool
 def _digest_static(flat: Any, nbytes: int, use_matmul: bool) -> Any:
     import tensorflow as tf
 
-    words_total = -(-nbytes // 8)
-    rows, last_len = divmod(words_total, BLOCK)
+    whole_words, tail_bytes = divmod(nbytes, 8)
+    rows, rest_words = divmod(whole_words, BLOCK)
+    # The last (partial) block: the remaining whole words, then the zero-padded tail word.
+    last_len = rest_words + (1 if tail_bytes else 0)
     full_bytes = rows * BLOCK * 8
     parts: list[list[Any]] = [[], []]
     if rows:

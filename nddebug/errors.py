@@ -15,3 +15,7 @@ class EmptyTraceError(NddebugError):
 
 class NotComparableError(NddebugError):
     """Recordings cannot be compared (fewer than two, or different digest algorithms)."""
+
+
+class TraceError(NddebugError):
+    """A trace cannot start, e.g. inside another trace."""

@@ -7,7 +7,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-Ref = tuple[int, int]  # (op_id, output slot)
 Digest = tuple[int, int]  # see nddebug.digest
 
 
@@ -22,11 +21,9 @@ class OpInfo:
     graph: str  # "" for eager ops
     device: str
     location: str  # "file:line (function)" in the user's code
-    inputs: list[Ref | None]  # producer of each input; None: unknown or unreadable
     dtypes: list[str]  # per output
     shapes: list[list[int | None] | None]  # static shape per output (None: unknown rank)
     digestible: list[bool]  # per output: False for string/resource/variant outputs
-    alias_of: list[Ref | None] | None = None  # pass-through ops: output i has input's bits
     stateful: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
     note: str = ""  # e.g. "value of the variable after this update"
@@ -42,7 +39,7 @@ class Event:
     op_id: int
     call: int  # seq of the top-level eager op during which it ran (its own seq for eager ops)
     digests: list[Digest | None]
-    inputs: list[Digest | None] | None = None  # digests of its readable inputs, same execution
+    inputs: list[Digest] | None = None  # digests of its readable inputs, in order
     shapes: list[list[int]] | None = None  # actual shapes, when known (eager ops)
 
 
@@ -58,7 +55,8 @@ class Recording:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     digest_algorithm: str = ""
     status: str = "complete"  # or "interrupted"
-    # Full values captured for chosen outputs, keyed by "op_id:slot:occurrence", as numpy arrays.
+    kind: str = "run"  # "run": compared; "capture": kept full values to measure divergence
+    # Full values captured for chosen outputs, keyed by "<event seq>:<output slot>".
     values: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -81,6 +79,7 @@ class Recording:
             "run_id": self.run_id,
             "label": self.label,
             "status": self.status,
+            "kind": self.kind,
             "digest_algorithm": self.digest_algorithm,
             "environment": self.environment,
             "warnings": self.warnings,
@@ -91,7 +90,4 @@ def op_from_row(row: dict[str, Any]) -> OpInfo:
     """Build an OpInfo from its JSON form, tolerating the tuple/list round trip."""
     fields = {f.name for f in dataclasses.fields(OpInfo)}
     data = {k: v for k, v in row.items() if k in fields}
-    data["inputs"] = [tuple(r) if r is not None else None for r in data.get("inputs", [])]
-    if data.get("alias_of") is not None:
-        data["alias_of"] = [tuple(r) if r is not None else None for r in data["alias_of"]]
     return OpInfo(**data)

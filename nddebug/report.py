@@ -38,9 +38,10 @@ COLUMNS = [
 
 MODES = {
     "repeat": (
-        "repeated the whole step with identical inputs and restored state: sees kernel "
-        "non-determinism, unseeded or stateful random ops, input-pipeline order, races between "
-        "ops and per-process effects that differ between the runs compared"
+        "repeated the whole step in this process with identical inputs and restored state: sees "
+        "non-deterministic kernels, unseeded or stateful random ops, input-pipeline order and "
+        "races between ops; not per-process effects (autotuning, PYTHONHASHSEED), which need "
+        "recordings from separate processes compared with nddebug.compare()"
     ),
     "compare": "compared recordings made separately (e.g. in different processes or machines)",
 }
@@ -92,7 +93,8 @@ class Report:
             "op_executions_per_run": c.executions,
             "sources": sum(f.role == "source" for f in c.findings),
             "propagated": sum(f.role == "propagated" for f in c.findings),
-            "control_flow": sum(f.role == "control flow" for f in c.findings) + len(c.paths),
+            "control_flow": sum(f.role == "control flow" for f in c.findings),
+            "paths_part": len(c.paths),
             "tensorflow": env.get("tensorflow", "?"),
             "devices": ", ".join(env.get("devices", [])),
             "op_determinism": env.get("op_determinism"),
@@ -136,6 +138,13 @@ def _row(f: Any) -> dict[str, Any]:
     if f.role == "propagated":
         known = c.mechanism if c else ""
         fix = "Fix the source op(s) above; this op only carries their difference."
+    elif op.function == "uninstrumented" or op.op_type == "VariableState":
+        known = "not in the known list"
+        fix = (
+            "Let nddebug see inside: create or first call the tf.function inside "
+            "nddebug.trace(), or pass it (or the Keras model as state=) to nddebug.check(), "
+            "and switch off jit_compile while debugging."
+        )
     elif c is not None:
         known = f"{c.api}: {c.mechanism}"
         fix = c.fix
@@ -184,7 +193,8 @@ def _attach_magnitudes(comparison: Comparison, captures: list[Recording]) -> Non
                     max(worst.max_ulp, d.max_ulp),
                     max(worst.frac_differing, d.frac_differing),
                 )
-        if worst is not None:
+        if worst is not None and worst.frac_differing > 0:
+            # Measured on the capture runs; if the divergence did not recur there, unknown.
             f.max_abs_diff, f.max_ulp, f.frac_differing = (
                 worst.max_abs_diff,
                 worst.max_ulp,

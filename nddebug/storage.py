@@ -28,6 +28,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, ordinal INTEGER NOT NULL, label TEXT, status TEXT NOT NULL,
+    kind TEXT NOT NULL,
     digest_algorithm TEXT NOT NULL, environment TEXT NOT NULL, warnings TEXT NOT NULL,
     saved_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ops (
@@ -37,7 +38,8 @@ CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, op_id INTEGER NOT NULL, call INTEGER NOT NULL,
     digests TEXT NOT NULL, inputs TEXT, shapes TEXT, PRIMARY KEY (run_id, seq));
 CREATE TABLE IF NOT EXISTS captured (
-    run_id TEXT NOT NULL, name TEXT NOT NULL, npy BLOB NOT NULL, PRIMARY KEY (run_id, name));
+    run_id TEXT NOT NULL, name TEXT NOT NULL, dtype TEXT NOT NULL, npy BLOB NOT NULL,
+    PRIMARY KEY (run_id, name));
 """
 
 _DESCRIPTION = (
@@ -86,9 +88,17 @@ def save(recordings: Iterable[Recording], path: str) -> None:
     the run being written. A run already in the file (same run_id) is left as it is."""
     con = _connect(path, create=True)
     try:
-        fresh = not con.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'"
-        ).fetchone()
+        try:
+            tables = {
+                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        except sqlite3.DatabaseError as exc:
+            raise RecordingFileError(f"{path}: exists and is not a recording ({exc})") from exc
+        fresh = not tables
+        if tables and "meta" not in tables:
+            raise RecordingFileError(
+                f"{path}: is an SQLite database but not an nddebug recording; not writing to it"
+            )
         if not fresh:
             _check_format(con, path)
         with con:
@@ -120,12 +130,13 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
         ordinal = con.execute("SELECT COALESCE(MAX(ordinal), -1) + 1 FROM runs").fetchone()[0]
         now = datetime.datetime.now(datetime.UTC).isoformat()
         con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 rec.run_id,
                 ordinal,
                 rec.label,
                 rec.status,
+                rec.kind,
                 rec.digest_algorithm,
                 json.dumps(rec.environment, default=str),
                 json.dumps(rec.warnings),
@@ -155,15 +166,39 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
             ],
         )
         for name, array in rec.values.items():
+            array = np.asarray(array)
             buf = io.BytesIO()
-            np.save(buf, np.asarray(array), allow_pickle=False)
-            con.execute("INSERT INTO captured VALUES (?, ?, ?)", (rec.run_id, name, buf.getvalue()))
+            np.save(buf, _portable(array), allow_pickle=False)
+            con.execute(
+                "INSERT INTO captured VALUES (?, ?, ?, ?)",
+                (rec.run_id, name, array.dtype.name, buf.getvalue()),
+            )
 
 
 def _op_row(op: object) -> dict:
     import dataclasses
 
     return dataclasses.asdict(op)
+
+
+def _portable(array: np.ndarray) -> np.ndarray:
+    """.npy knows only numpy's own dtypes: store bfloat16, float8 … as same-width integers."""
+    if array.dtype.kind == "O":
+        raise RecordingFileError(f"cannot store an array of Python objects ({array.dtype})")
+    if array.dtype.kind == "V" or array.dtype.name not in np.sctypeDict:
+        return array.view(f"u{array.dtype.itemsize}")
+    return array
+
+
+def _restore(array: np.ndarray, dtype: str) -> np.ndarray:
+    if array.dtype.name == dtype:
+        return array
+    try:
+        import ml_dtypes  # installed with TensorFlow
+
+        return array.view(getattr(ml_dtypes, dtype))
+    except (ImportError, AttributeError):
+        return array  # the raw bits, still comparable
 
 
 def _digests(rows: list) -> list:
@@ -176,15 +211,16 @@ def load(path: str) -> list[Recording]:
     try:
         _check_format(con, path)
         runs = con.execute(
-            "SELECT run_id, label, status, digest_algorithm, environment, warnings "
+            "SELECT run_id, label, status, kind, digest_algorithm, environment, warnings "
             "FROM runs ORDER BY ordinal"
         ).fetchall()
         out = []
-        for run_id, label, status, algorithm, env, warnings in runs:
+        for run_id, label, status, kind, algorithm, env, warnings in runs:
             rec = Recording(
                 label=label or "",
                 run_id=run_id,
                 status=status,
+                kind=kind,
                 digest_algorithm=algorithm,
                 environment=json.loads(env),
                 warnings=json.loads(warnings),
@@ -207,10 +243,10 @@ def load(path: str) -> list[Recording]:
                         shapes=None if shapes is None else json.loads(shapes),
                     )
                 )
-            for name, blob in con.execute(
-                "SELECT name, npy FROM captured WHERE run_id = ?", (run_id,)
+            for name, dtype, blob in con.execute(
+                "SELECT name, dtype, npy FROM captured WHERE run_id = ?", (run_id,)
             ):
-                rec.values[name] = np.load(io.BytesIO(blob), allow_pickle=False)
+                rec.values[name] = _restore(np.load(io.BytesIO(blob), allow_pickle=False), dtype)
             out.append(rec)
         return out
     except (sqlite3.DatabaseError, json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:

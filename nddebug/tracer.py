@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from nddebug import digest as dg
+from nddebug.errors import TraceError
 from nddebug.recording import Event, OpInfo, Recording
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
@@ -70,6 +72,8 @@ def _is_user_file(filename: str, lib_dirs: tuple[str, ...]) -> bool:
     examples are user code: they stand for a user's training script)."""
     if filename.startswith("<") and not filename.startswith("<ipython-input"):
         return False
+    if "__autograph_generated_file" in filename:
+        return False  # a temporary copy made by autograph; its name changes every process
     path = os.path.abspath(filename)
     return path.startswith(_EXAMPLES_DIR) or not path.startswith(lib_dirs)
 
@@ -139,7 +143,9 @@ class Recorder:
         from tensorflow.python.framework import op_callbacks
 
         if Recorder.active is not None:
-            raise RuntimeError("nddebug.trace() blocks cannot be nested")
+            raise TraceError(
+                "nddebug.trace() blocks cannot be nested (and check() runs its own trace)"
+            )
         Recorder.active = self
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
@@ -179,6 +185,12 @@ class Recorder:
             try:
                 if graph is None:
                     self._on_eager(op_type, inputs or (), attrs, outputs or ())
+                elif _is_v1_graph(graph):
+                    _warn_once(
+                        self.recording,
+                        "TF1 graph mode (tf.compat.v1 graphs and Session) is not supported: "
+                        "its ops are not recorded. Run the step eagerly or in a tf.function.",
+                    )
                 elif not _is_data_graph(graph):
                     _instrument_graph_op(
                         self, op_type, inputs or (), attrs, outputs or (), op_name, graph
@@ -202,8 +214,10 @@ class Recorder:
     def _on_eager(self, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:
         if op_type in SKIP_OPS:
             return
-        location = self._eager_location()
-        key = f"eager:{op_type}@{location}"
+        location, site = self._eager_location()
+        # TF names a function's call op after the function plus a process-specific number;
+        # the site is file name, line and function, so keys match across machines too.
+        key = f"eager:{_UID_SUFFIX.sub('', op_type)}@{site}"
         alias = ALIAS_OPS.get(op_type, -1)
         if alias != -1:
             for i, out in enumerate(outputs):
@@ -211,7 +225,7 @@ class Recorder:
                 if src is not None and getattr(out, "_id", None) is not None:
                     self._eager_digests[out._id] = self._digest_eager(src)
             return
-        in_digests = [self._digest_eager(t) for t in inputs]
+        in_digests = [d for d in (self._digest_eager(t) for t in inputs) if d is not None]
         out_tensors = list(outputs)
         note = ""
         if not out_tensors and _WRITER.match(op_type) and inputs:
@@ -226,7 +240,7 @@ class Recorder:
         if op_id is None:
             op_id = REGISTRY.new_id()
             self._eager_sites[key] = op_id
-            device = out_tensors[0].device if out_tensors else ""
+            device = out_tensors[0].device if out_tensors else _default_device()
             self.recording.ops[op_id] = OpInfo(
                 op_id=op_id,
                 key=key,
@@ -235,7 +249,6 @@ class Recorder:
                 graph="",
                 device=device or "",
                 location=location,
-                inputs=[None] * len(inputs),
                 dtypes=[t.dtype.name for t in out_tensors],
                 shapes=[list(t.shape) for t in out_tensors],
                 digestible=[d is not None for d in out_digests],
@@ -278,15 +291,48 @@ class Recorder:
                 self._pending.clear()
             self.recording.events.append(ev)
 
-    def _eager_location(self) -> str:
+    def _eager_location(self) -> tuple[str, str]:
+        """Where in user code the op ran, and the same without the directory."""
         frame = sys._getframe(3)
         while frame is not None:
-            if _is_user_file(frame.f_code.co_filename, self._lib_dirs):
-                return _format_location(
-                    frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
+            code = frame.f_code
+            if _is_user_file(code.co_filename, self._lib_dirs):
+                name = os.path.basename(code.co_filename)
+                return (
+                    _format_location(code.co_filename, frame.f_lineno, code.co_name),
+                    _format_location(name, frame.f_lineno, code.co_name),
                 )
             frame = frame.f_back
-        return ""
+        return "", ""
+
+    def record_variables(self, variables: list[Any]) -> None:
+        """Digest the values of variables as pseudo-ops ("VariableState"), so a check compares
+        the state a step leaves even where the ops that wrote it were not recorded."""
+        with _inside_nddebug():
+            for var in variables:
+                value = var.read_value() if hasattr(var, "read_value") else var
+                key = f"state:{var.name}"
+                op_id = self._eager_sites.get(key)
+                if op_id is None:
+                    op_id = self._eager_sites[key] = REGISTRY.new_id()
+                    self.recording.ops[op_id] = OpInfo(
+                        op_id=op_id,
+                        key=key,
+                        op_type="VariableState",
+                        op_name=var.name,
+                        graph="",
+                        device=value.device or "",
+                        location="",
+                        dtypes=[value.dtype.name],
+                        shapes=[list(value.shape)],
+                        digestible=[True],
+                        note="value of the variable after the step",
+                        resource=key,
+                    )
+                seq = next(self._seq)
+                ev = Event(seq, op_id, seq, [self._digest_eager(value)], [], [list(value.shape)])
+                with self._lock:
+                    self.recording.events.append(ev)
 
     # ------------------------------------------------------------------ graph events
     def on_graph_event(
@@ -365,6 +411,26 @@ def _interesting_attrs(attrs: Any) -> dict[str, Any]:
         if v is not None:
             out[name] = int(getattr(v, "i", v))
     return out
+
+
+def _warn_once(recording: Recording, message: str) -> None:
+    if message not in recording.warnings:
+        recording.warnings.append(message)
+
+
+def _is_v1_graph(graph: Any) -> bool:
+    from tensorflow.python.framework import ops
+
+    return not ops.executing_eagerly_outside_functions() or not hasattr(graph, "outer_graph")
+
+
+@functools.cache
+def _default_device() -> str:
+    """Where ops without outputs ran: TensorFlow's first device (a GPU when there is one)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return (gpus[0] if gpus else tf.config.list_logical_devices("CPU")[0]).name
 
 
 def _is_data_graph(graph: Any) -> bool:
@@ -481,10 +547,10 @@ def _instrument_graph_op(
         warning = (
             f"{name} is compiled with XLA (jit_compile=True): XLA cannot hold nddebug's host "
             "callbacks, so its inner ops are not recorded, only its inputs and outputs. Set "
-            "jit_compile=False while debugging, or use nddebug.check(), which does."
+            "jit_compile=False on it while debugging (check() does that only for the function "
+            "and the Keras models it is given)."
         )
-        if warning not in rec.recording.warnings:
-            rec.recording.warnings.append(warning)
+        _warn_once(rec.recording, warning)
         return
     cache = REGISTRY.graph_digests.setdefault(graph, {})
     alias = ALIAS_OPS.get(op_type, -1)
@@ -527,7 +593,6 @@ def _instrument_graph_op(
         graph=_as_str(graph.name),
         device=op.device or "",
         location=_graph_location(op, rec._lib_dirs),
-        inputs=[None] * len(inputs),
         dtypes=[t.dtype.name for t in out_tensors],
         shapes=[t.shape.as_list() if t.shape.rank is not None else None for t in out_tensors],
         digestible=[d is not None for d in out_digests],

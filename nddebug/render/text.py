@@ -52,8 +52,10 @@ def render(report: Report) -> str:
     else:
         lines.append(
             f"  {s['sources']} source op(s), {s['propagated']} propagated, "
-            f"{s['control_flow']} control-flow divergence(s)"
+            f"{s['control_flow']} op(s) that ran in some runs only"
         )
+    # Warnings say what was not covered: they belong next to the verdict, not under the table.
+    lines += [f"  warning: {w}" for w in report.warnings]
     for p in report.comparison.paths:
         lines.append(
             f"  Run {p.run} took a different path at top-level op #{p.position}: "
@@ -79,17 +81,17 @@ def render(report: Report) -> str:
                 f"Source: {row['op_type']} ({row['op_name']}) — {row['kind']}",
                 f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
                 *_wrap("why: ", row["explanation"]),
-                *(
-                    _wrap("known: ", row["known_cause"])
-                    if row["explanation"] not in row["known_cause"]
-                    else _wrap("known: ", row["known_cause"].split(": ", 1)[0])
-                ),
+                *_wrap("known: ", _known(row)),
                 *_wrap("fix: ", row["fix"]),
             ]
-    if report.warnings:
-        lines.append("")
-        lines += [f"warning: {w}" for w in report.warnings]
     return "\n".join(lines)
+
+
+def _known(row: Any) -> str:
+    """The knowledge-base line, without repeating the mechanism already given as "why"."""
+    known = str(row["known_cause"])
+    api, _, mechanism = known.partition(": ")
+    return api if mechanism and mechanism in str(row["explanation"]) else known
 
 
 def _wrap(prefix: str, text: str) -> list[str]:

@@ -1,0 +1,85 @@
+"""Divergence that flows through variables, and recordings made in separate processes."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+import nddebug
+from tests.helpers import run_python
+
+
+def test_an_update_without_state_is_blamed_on_state_not_on_a_kernel() -> None:
+    v = tf.Variable(tf.ones([16]))
+
+    @tf.function
+    def step(x):
+        v.assign_add(x * 2.0)
+        return tf.reduce_sum(v)
+
+    report = nddebug.check(step, tf.ones([16]), repeats=3)  # no state=: v keeps growing
+    assert not report.ok
+    assert any("no state= was given" in w for w in report.warnings), report.warnings
+    sources = report.sources
+    assert len(sources) >= 1 and set(sources["kind"]) == {"other"}, str(report)
+    assert "numerical" not in set(report.culprits["kind"])
+
+    # With the variable as state, the same step is reproducible.
+    assert nddebug.check(step, tf.ones([16]), repeats=3, state=v).ok
+
+
+def test_a_wrapper_around_a_pretraced_function_still_checks_the_state_it_leaves() -> None:
+    v = tf.Variable(tf.zeros([8]))
+
+    @tf.function
+    def inner(x):
+        v.assign_add(x)
+        return tf.constant(0.0)  # the output hides the update
+
+    inner(tf.zeros([8]))  # traced before any check: its ops cannot be seen
+
+    def wrapper(x):
+        return inner(x)
+
+    # Without restoring v, every repeat leaves a different v: caught via the state digest.
+    bad = nddebug.check(wrapper, tf.ones([8]), repeats=2, state=[v])
+    assert bad.ok  # state restored: the update is identical
+    text = str(bad)
+    header = text.split("\n\n")[0]
+    assert "ran uninstrumented" in header, text  # the gap is said next to the verdict
+
+    class Leaky:
+        """State the check is not told about changes, so the final values differ."""
+
+        variables = [tf.Variable(tf.zeros([8]))]
+
+    w = Leaky.variables[0]
+    v.assign(tf.zeros([8]))
+    report = nddebug.check(lambda x: (inner(x), w.assign_add(v)), tf.ones([8]), repeats=2, state=[w])
+    assert not report.ok, str(report)
+
+
+def test_recordings_from_separate_processes_compare_as_reproducible(tmp_path) -> None:
+    code = """
+        import json, sys, tensorflow as tf, nddebug
+        from nddebug.examples import mnist_cnn
+        # Trace an unrelated function first so TF's function numbering differs per process.
+        for _ in range(int(sys.argv[-1]) if len(sys.argv) > 1 else 0):
+            tf.function(lambda x: x + 1.0)(tf.constant(1.0))
+        model = mnist_cnn.make_model(0)
+        step = mnist_cnn.make_custom_step(model)
+        x, y = (tf.constant(a) for a in mnist_cnn.make_data(32))
+        with nddebug.trace(path=PATH):
+            step(x, y)
+        print(json.dumps({"ok": True}))
+    """
+    path = str(tmp_path / "runs.nddebug")
+    for warmups in (0, 3):
+        src = code.replace("PATH", repr(path)).replace(
+            "int(sys.argv[-1]) if len(sys.argv) > 1 else 0", str(warmups)
+        )
+        run_python(src)
+    recs = nddebug.load(path)
+    assert len(recs) == 2
+    report = nddebug.compare(recs)
+    assert report.ok, str(report)
+    assert report.summary["ops_traced"] > 100
