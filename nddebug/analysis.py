@@ -287,19 +287,21 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
 
 
 def _same_multiset(per_run_units: list[dict[Unit, Event]], units: list[Unit]) -> bool:
-    """Executions of one op within the same calls that differ only in the order they ran."""
-    groups: dict[int, list[Unit]] = defaultdict(list)
+    """Executions of one op that differ only in the order they ran within each call (graph
+    ops on parallel threads, loop iterations): every run computed the same bag of values."""
     key = units[0][1]
+    calls: dict[int, set[Unit]] = defaultdict(set)
     for pu in per_run_units:
         for u in pu:
             if u[1] == key:
-                groups[u[0]].append(u)
-    calls = {u[0] for u in units}
-    for c in calls:
-        bags = [sorted(tuple(pu[u].digests) for u in groups[c] if u in pu) for pu in per_run_units]
+                calls[u[0]].add(u)
+    for c in {u[0] for u in units}:
+        if len(calls[c]) < 2:
+            return False  # a single execution cannot have been reordered
+        bags = [sorted(tuple(pu[u].digests) for u in calls[c] if u in pu) for pu in per_run_units]
         if any(b != bags[0] for b in bags):
             return False
-    return len(groups[units[0][0]]) > 1
+    return True
 
 
 def _first_mismatch(sm: difflib.SequenceMatcher) -> tuple[int, int] | None:

@@ -5,7 +5,7 @@ pad with zero bytes to a multiple of 8 and read them as little-endian int64 word
 With odd weights ``c_j = W[j mod B] * V(j div B)`` and ``c'_j`` (independent tables), the
 digest is the pair
 
-    lo = sum_j u_j * c_j          (mod 2**64)
+    lo = nbytes * L + sum_j u_j * c_j   (mod 2**64, L = LENGTH_WEIGHT)
     hi = sum_j (u_j >> 32) * c'_j (mod 2**64, arithmetic shift)
 
 Why this shape:
@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 ALGORITHM = "nddebug-wsum64x2-v1"
+# lo also counts the byte length, so trailing zeros (which padding hides) still change it.
+LENGTH_WEIGHT = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 BLOCK = 4096
 _MASK64 = (1 << 64) - 1
 
@@ -84,9 +86,11 @@ def _first_block_weights(stream: int) -> np.ndarray:
 def digest_numpy(array: Any) -> tuple[int, int]:
     """Digest of a host array: the reference the TF kernels must match bit for bit, and the
     fast path for small tensors that already live in host memory."""
-    u = words_of(np.asarray(array))
+    a = np.asarray(array)
+    u = words_of(a)
     out = []
     with np.errstate(over="ignore"):
+        length = np.int64(a.size * a.dtype.itemsize) * np.int64(LENGTH_WEIGHT)
         for stream, vals in ((0, u), (1, u >> np.int64(32))):
             if u.size <= BLOCK:
                 c = _first_block_weights(stream)[: u.size]
@@ -94,6 +98,7 @@ def digest_numpy(array: Any) -> tuple[int, int]:
                 j = np.arange(u.size, dtype=np.int64)
                 c = _block_weights(stream)[j % BLOCK] * _row_weights_np(j // BLOCK, stream)
             out.append(int((vals * c).sum(dtype=np.int64)))
+    out[0] = _signed((out[0] + int(length)) & _MASK64)
     return out[0], out[1]
 
 
@@ -185,8 +190,10 @@ def _digest_static(flat: Any, nbytes: int, use_matmul: bool) -> Any:
         for stream in (0, 1):
             weights = _block_weights(stream)[:last_len] * _row_weights_np(np.array([rows]), stream)
             parts[stream].append(_weighted_sum(last, weights, stream, use_matmul))
-    if not parts[0]:
-        return tf.zeros([2], tf.int64)
+    length = _signed((nbytes * (LENGTH_WEIGHT & _MASK64)) & _MASK64)
+    parts[0].append(tf.constant(length, tf.int64))
+    if not parts[1]:
+        parts[1].append(tf.constant(0, tf.int64))
     return tf.stack([tf.add_n(p) if len(p) > 1 else p[0] for p in parts])
 
 
@@ -211,6 +218,7 @@ def _digest_dynamic(flat: Any, use_matmul: bool) -> Any:
         last_sum = _weighted_sum(last, _block_weights(stream), stream, use_matmul)
         row_sums = tf.concat([row_sums, tf.reshape(last_sum, [1])], 0)
         out.append(tf.reduce_sum(row_sums * _row_weights_tf(row_ids, stream)))
+    out[0] += nbytes * tf.constant(LENGTH_WEIGHT, tf.int64)
     return tf.stack(out)
 
 

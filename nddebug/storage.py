@@ -75,7 +75,12 @@ def _check_format(con: sqlite3.Connection, path: str) -> None:
         raise RecordingFileError(
             f"{path}: not an nddebug recording (format={meta.get('format')!r})"
         )
-    version = int(meta.get("format_version", "0"))
+    try:
+        version = int(meta.get("format_version", "0"))
+    except ValueError:
+        raise RecordingFileError(
+            f"{path}: damaged recording: format_version is {meta.get('format_version')!r}"
+        ) from None
     if version > FORMAT_VERSION:
         raise RecordingFileError(
             f"{path}: written by a newer nddebug (format version {version}; this nddebug reads "
@@ -119,6 +124,10 @@ def save(recordings: Iterable[Recording], path: str) -> None:
             _save_run(con, rec)
     except sqlite3.Error as exc:
         raise RecordingFileError(f"{path}: could not write the recording ({exc})") from exc
+    except RecordingFileError as exc:
+        if path in str(exc):
+            raise
+        raise RecordingFileError(f"{path}: {exc}") from exc
     finally:
         con.close()
 
@@ -127,6 +136,8 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
     if con.execute("SELECT 1 FROM runs WHERE run_id = ?", (rec.run_id,)).fetchone():
         return
     with con:
+        # Take the write lock before choosing the ordinal: processes may append concurrently.
+        con.execute("BEGIN IMMEDIATE")
         ordinal = con.execute("SELECT COALESCE(MAX(ordinal), -1) + 1 FROM runs").fetchone()[0]
         now = datetime.datetime.now(datetime.UTC).isoformat()
         con.execute(
