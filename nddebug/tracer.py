@@ -331,6 +331,8 @@ class Recorder:
                     )
                 seq = next(self._seq)
                 ev = Event(seq, op_id, seq, [self._digest_eager(value)], [], [list(value.shape)])
+                if self.capture and key in self.capture:
+                    self.recording.values[f"{seq}:0"] = np.array(value.numpy())
                 with self._lock:
                     self.recording.events.append(ev)
 

@@ -64,13 +64,7 @@ def render(report: Report) -> str:
     df = report.culprits
     if len(df):
         shown = df.head(MAX_ROWS)
-        table = [
-            [
-                short_location(str(row[c])) if c == "location" else fmt_number(row[c])
-                for c, _ in _TABLE
-            ]
-            for _, row in shown.iterrows()
-        ]
+        table = [[_cell(row, c) for c, _ in _TABLE] for _, row in shown.iterrows()]
         lines += ["", tabulate(table, headers=[h for _, h in _TABLE], tablefmt="simple")]
         if len(df) > MAX_ROWS:
             lines.append(f"  … and {len(df) - MAX_ROWS} more (report.culprits has them all)")
@@ -85,6 +79,17 @@ def render(report: Report) -> str:
                 *_wrap("fix: ", row["fix"]),
             ]
     return "\n".join(lines)
+
+
+def _cell(row: Any, column: str) -> str:
+    if row["op_type"] == "VariableState":  # a variable's value after the step, not an op
+        if column == "op_type":
+            return f"{row['op_name']} (value after step)"
+        if column == "location":
+            return ""
+    if column == "location":
+        return short_location(str(row[column]))
+    return fmt_number(row[column])
 
 
 def _known(row: Any) -> str:
