@@ -97,7 +97,7 @@ class StateKeeper:
         def creator(next_creator: Any, **kwargs: Any) -> Any:
             v = next_creator(**kwargs)
             tv = _tf_variable(v)
-            if tv is not None and id(tv) not in self.initial:
+            if tv is not None and id(tv) not in self.initial and tv.name != "nddebug_active:0":
                 value = _initial_value(tv, kwargs.get("initial_value"))
                 if value is None:
                     self.unreadable.append(getattr(tv, "name", "?"))

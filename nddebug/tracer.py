@@ -147,6 +147,7 @@ class Recorder:
                 "nddebug.trace() blocks cannot be nested (and check() runs its own trace)"
             )
         Recorder.active = self
+        gate().assign(True)
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
 
@@ -155,6 +156,7 @@ class Recorder:
         from tensorflow.python.framework import op_callbacks
 
         op_callbacks.remove_op_callback(self.callback)
+        gate().assign(False)
         if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
             concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
         Recorder.active = None
@@ -525,10 +527,39 @@ def _digest_tensor_in_graph(graph: Any, tensor: Any) -> Any:
         return cache[name]
     d = None
     if dg.digestible(tensor.dtype):
+        use_matmul = dg.use_matmul_for(tensor.device)
         with tf.name_scope("nddebug"):
-            d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device))
+            d = tf.cond(
+                _graph_gate(graph),
+                lambda: dg.build_digest(tensor, use_matmul),
+                lambda: tf.zeros([2], tf.int64),
+            )
     cache[name] = d
     return d
+
+
+_GATE: Any = None
+
+
+def gate() -> Any:
+    """A process-wide switch read by every instrumented graph: outside trace() it is off, and
+    an instrumented function then skips its digests (Switch/Merge cost only), so a function
+    first traced inside a trace block does not stay slow after it."""
+    global _GATE
+    if _GATE is None:
+        import tensorflow as tf
+
+        with tf.init_scope(), tf.device("/CPU:0"), _inside_nddebug():
+            _GATE = tf.Variable(False, trainable=False, name="nddebug_active")
+    return _GATE
+
+
+def _graph_gate(graph: Any) -> Any:
+    """The gate's value, read once per graph (per loop iteration in a loop body)."""
+    cache = REGISTRY.graph_digests.setdefault(graph, {})
+    if "<gate>" not in cache:
+        cache["<gate>"] = gate().read_value()
+    return cache["<gate>"]
 
 
 def _instrument_graph_op(
@@ -622,12 +653,16 @@ def _instrument_graph_op(
     captured = []
     if rec.capture and key in rec.capture:
         captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
-    with tf.name_scope("nddebug"):
+
+    def send() -> Any:
         outs = tf.stack(readable_out) if readable_out else tf.zeros([0, 2], tf.int64)
         ins = tf.stack(readable_in) if readable_in else tf.zeros([0, 2], tf.int64)
-        tf.numpy_function(
-            _receive, [tf.constant(op_id, tf.int64), outs, ins, *captured], Tout=[], stateful=True
-        )
+        args = [tf.constant(op_id, tf.int64), outs, ins, *captured]
+        tf.numpy_function(_receive, args, Tout=[], stateful=True)
+        return tf.constant(0)
+
+    with tf.name_scope("nddebug"):
+        tf.cond(_graph_gate(graph), send, lambda: tf.constant(0))
 
 
 # ---------------------------------------------------------------------- public entry point
