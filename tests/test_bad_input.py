@@ -99,8 +99,9 @@ def test_executions_that_only_swap_order_are_not_divergent() -> None:
 
     def run(order: list[int]) -> Recording:
         rec = Recording(digest_algorithm="test")
-        rec.ops[0] = OpInfo(0, "eager:call", "__inference_f", "", "", "CPU", "", ["f"], [[]], [True])
-        rec.ops[1] = OpInfo(1, "f/Square", "Square", "Square", "f", "CPU", "", ["f"], [[]], [True])
+        out = (["float32"], [[]], [True])
+        rec.ops[0] = OpInfo(0, "eager:call", "__inference_f", "", "", "CPU", "", *out)
+        rec.ops[1] = OpInfo(1, "f/Square", "Square", "Square", "f", "CPU", "", *out)
         for i, value in enumerate(order):
             rec.events.append(Event(i, 1, 10, [(value, 0)], [(value, 1)]))
         rec.events.append(Event(10, 0, 10, [(99, 0)], []))
