@@ -39,6 +39,7 @@ class OpFinding:
     units: list[Unit] = field(default_factory=list)
     culprit: knowledge.Culprit | None = None
     explanation: str = ""
+    entered: bool = False  # a source only because its inputs already differed on entry
     max_abs_diff: float | None = None
     max_ulp: int | None = None
     frac_differing: float | None = None
@@ -227,6 +228,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
         )
     _state_propagation(findings, ref_seq)
+    _entry_point(findings)
     for f in findings:
         _explain(f)
     # A propagated op carries the kind of the first source upstream of it.
@@ -284,6 +286,17 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
             f.role = "propagated"
         elif f.op.function == "instrumented" or (f.op.op_type == "VariableState" and explained):
             f.role = "propagated"
+
+
+def _entry_point(findings: list[OpFinding]) -> None:
+    """Divergent ops but no source: the difference entered TensorFlow from outside (Python or
+    NumPy values, files, iteration order that depends on PYTHONHASHSEED). The first op it
+    reached is where to look."""
+    if not findings or any(f.role in ("source", "control flow") for f in findings):
+        return
+    first = min(findings, key=lambda f: f.first_seq)
+    first.role = "source"
+    first.entered = True
 
 
 def _same_multiset(per_run_units: list[dict[Unit, Event]], units: list[Unit]) -> bool:
@@ -347,6 +360,14 @@ def _explain(f: OpFinding) -> None:
             f.explanation = "reads a variable that a divergent update wrote"
         else:
             f.explanation = "differs because one of its inputs differs"
+        return
+    if f.entered:
+        f.kind = "other"
+        f.explanation = (
+            "the first TensorFlow op the difference reached: its inputs already differed when "
+            "they entered TensorFlow (Python or NumPy values, file order, set or dict iteration "
+            "order that depends on PYTHONHASHSEED, time)"
+        )
         return
     if op.function == "uninstrumented":
         f.kind = "other"

@@ -44,6 +44,11 @@ MODES = {
         "recordings from separate processes compared with nddebug.compare()"
     ),
     "compare": "compared recordings made separately (e.g. in different processes or machines)",
+    "processes": (
+        "ran the script in fresh processes: sees everything repeats in one process see, plus "
+        "per-process effects (autotuning, hash randomisation, thread scheduling)"
+    ),
+    "diff": "compared two recordings, e.g. from two environments",
 }
 
 
@@ -138,6 +143,13 @@ def _row(f: Any) -> dict[str, Any]:
     if f.role == "propagated":
         known = c.mechanism if c else ""
         fix = "Fix the source op(s) above; this op only carries their difference."
+    elif f.entered:
+        known = "not in the known list"
+        fix = (
+            "Find the Python-side value that differs before this op: fix PYTHONHASHSEED (e.g. "
+            "nddebug run --hashseed 0), seed Python's random and NumPy, sort sets and dict keys "
+            "before turning them into tensors, and list files in sorted order."
+        )
     elif op.function == "uninstrumented" or op.op_type == "VariableState":
         known = "not in the known list"
         fix = (

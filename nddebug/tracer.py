@@ -48,6 +48,8 @@ _WRITER = re.compile(
     r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"
     r"AssignSubVariableOp|ResourceScatter|ResourceStridedSliceAssign)"
 )
+RECORD_ENV = "NDDEBUG_RECORD"  # set by `nddebug run` for the processes it starts
+LABEL_ENV = "NDDEBUG_LABEL"
 _FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
 _UID_SUFFIX = re.compile(r"_\d+$")
 # Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
@@ -677,6 +679,10 @@ def trace(label: str = "", path: str | None = None) -> Iterator[Recording]:
     """
     from nddebug import environment
 
+    # `nddebug run` asks every trace block of the script it runs to save into one file.
+    if path is None and os.environ.get(RECORD_ENV):
+        path = os.environ[RECORD_ENV]
+        label = label or os.environ.get(LABEL_ENV, "")
     rec = Recording(label=label, digest_algorithm=dg.ALGORITHM)
     rec.environment = environment.capture()
     recorder = Recorder(rec)

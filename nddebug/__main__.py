@@ -1,0 +1,7 @@
+"""``python -m nddebug`` is the ``nddebug`` command."""
+
+import sys
+
+from nddebug.cli import main
+
+sys.exit(main())

@@ -1,0 +1,277 @@
+"""The `nddebug` command: run a script in fresh processes, re-render, diff, look up culprits.
+
+Exit codes a CI job can use: 0 reproducible, 1 culprits found, 2 usage or input error.
+Every command is a thin layer over recordings, analysis and renderers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from nddebug.errors import NddebugError
+
+OK, FOUND, ERROR = 0, 1, 2
+
+
+class UsageError(NddebugError):
+    """Bad arguments or input: exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nddebug",
+        description="Find the TensorFlow op that makes training non-reproducible.",
+        epilog="Exit codes: 0 reproducible, 1 culprits found, 2 usage or input error.",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run a script N times, each in a fresh process, and compare its trace blocks",
+        description=(
+            "Runs SCRIPT N times, each in a fresh Python process, records the nddebug.trace() "
+            "blocks in it (or, with --all, every op of the script), and compares the runs. "
+            "This sees what repeats inside one process cannot: autotuning, hash "
+            "randomisation, thread scheduling, data-loader order."
+        ),
+    )
+    run.add_argument("-n", "--runs", type=int, default=3, help="number of runs (default 3)")
+    run.add_argument("--all", action="store_true", help="trace the whole script")
+    run.add_argument(
+        "--hashseed",
+        default="inherit",
+        help="PYTHONHASHSEED for the runs: a number (fixed), 'random' (a different one per "
+        "run) or 'inherit' (default: as in this shell)",
+    )
+    run.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="set TF_DETERMINISTIC_OPS=1 in the runs (test whether op determinism fixes it)",
+    )
+    run.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra variables"
+    )
+    run.add_argument("-o", "--output", help="also save every run's recording to this file")
+    run.add_argument("--format", choices=["text", "html", "csv", "json"], default="text")
+    run.add_argument("script")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+    report = sub.add_parser("report", help="re-render a saved recording file")
+    report.add_argument("file")
+    report.add_argument("--format", choices=["text", "html", "csv", "json"], default="text")
+    report.add_argument("-o", "--output", help="write here instead of standard output")
+
+    diff = sub.add_parser(
+        "diff",
+        help="compare two recordings from different environments",
+        description=(
+            "Compares the first run of A with the first run of B (e.g. two machines, TF "
+            "versions or devices): first the environment differences, then the first op "
+            "where the computations part, and the ops after it."
+        ),
+    )
+    diff.add_argument("a")
+    diff.add_argument("b")
+
+    ops = sub.add_parser("ops", help="search the knowledge base of known culprits")
+    ops.add_argument("filter", nargs="?", default="", help="text to look for (any column)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"run": _run, "report": _report, "diff": _diff, "ops": _ops}[args.command](args)
+    except (NddebugError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"nddebug: error: {exc}", file=sys.stderr)
+        return ERROR
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def render(report: Any, fmt: str) -> str:
+    """The report in one of the CLI's formats."""
+    if fmt == "html":
+        return "<!doctype html><meta charset='utf-8'><title>nddebug report</title>\n" + (
+            report._repr_html_()
+        )
+    if fmt == "csv":
+        return report.culprits.to_csv(index=False)
+    if fmt == "json":
+        return json.dumps(
+            {
+                "summary": report.summary,
+                "warnings": report.warnings,
+                "culprits": json.loads(report.culprits.to_json(orient="records")),
+            },
+            indent=2,
+            default=str,
+        )
+    return str(report)
+
+
+def _load_report(path: str) -> Any:
+    from nddebug.check import compare, load
+
+    recordings = load(path)
+    if not recordings:
+        raise UsageError(f"{path}: the file holds no runs")
+    return compare(recordings)
+
+
+def _report(args: argparse.Namespace) -> int:
+    report = _load_report(args.file)
+    _emit(render(report, args.format), args.output)
+    return OK if report.ok else FOUND
+
+
+def _hashseed(option: str, run: int) -> str | None:
+    if option == "inherit":
+        return None
+    if option == "random":
+        return str(random.SystemRandom().randrange(1, 2**32 - 1))
+    if not option.isdigit():
+        raise UsageError(f"--hashseed takes a number, 'random' or 'inherit', not {option!r}")
+    return option
+
+
+def _run(args: argparse.Namespace) -> int:
+    from nddebug.check import compare
+    from nddebug.storage import load, save
+    from nddebug.tracer import LABEL_ENV, RECORD_ENV
+
+    if args.runs < 2:
+        raise UsageError(f"-n must be at least 2 to compare runs, got {args.runs}")
+    if not os.path.isfile(args.script):
+        raise UsageError(f"{args.script}: no such script")
+    extra = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env takes NAME=VALUE, not {item!r}")
+        extra[name] = value
+    per_run: list[list[Any]] = []
+    with tempfile.TemporaryDirectory(prefix="nddebug-run-") as tmp:
+        for i in range(args.runs):
+            path = os.path.join(tmp, f"run{i}.nddebug")
+            env = {**os.environ, **extra, RECORD_ENV: path, LABEL_ENV: f"process {i}"}
+            seed = _hashseed(args.hashseed, i)
+            if seed is not None:
+                env["PYTHONHASHSEED"] = seed
+            if args.deterministic:
+                env["TF_DETERMINISTIC_OPS"] = "1"
+            if args.all:
+                env["NDDEBUG_TRACE_ALL"] = "1"
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            print(f"nddebug: run {i + 1}/{args.runs}: {args.script}", file=sys.stderr, flush=True)
+            cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+                raise UsageError(
+                    f"run {i + 1} of {args.script} failed (exit {proc.returncode}):\n{tail}"
+                )
+            if not os.path.exists(path):
+                raise UsageError(
+                    f"{args.script} ran no nddebug.trace() block: wrap the training step in "
+                    "`with nddebug.trace():`, or pass --all to trace the whole script"
+                )
+            per_run.append(load(path))
+        counts = {len(r) for r in per_run}
+        if len(counts) != 1:
+            raise UsageError(
+                f"the runs recorded different numbers of trace blocks ({sorted(counts)}): "
+                "the script's path through its trace blocks differs between runs"
+            )
+        if args.output:
+            save([rec for recs in per_run for rec in recs], args.output)
+    status = OK
+    blocks = counts.pop()
+    for b in range(blocks):
+        report = compare([recs[b] for recs in per_run])
+        report.mode = "processes"
+        if blocks > 1:
+            print(f"\n=== trace block {b + 1} of {blocks} ===")
+        print(render(report, args.format))
+        status = max(status, OK if report.ok else FOUND)
+    return status
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from nddebug.check import compare, load
+
+    a_runs, b_runs = load(args.a), load(args.b)
+    if not a_runs or not b_runs:
+        raise UsageError("both files must hold at least one run")
+    a, b = a_runs[0], b_runs[0]
+    ea, eb = _flatten(a.environment), _flatten(b.environment)
+    lines = ["Environment differences:"]
+    skip = ("machine", "seeds.python_random_state_hash")
+    changed = [k for k in sorted(set(ea) | set(eb)) if k not in skip and ea.get(k) != eb.get(k)]
+    lines += [f"  {k}: {ea.get(k, '(absent)')!s}  ->  {eb.get(k, '(absent)')!s}" for k in changed]
+    if not changed:
+        lines.append("  (none)")
+    report = compare([a, b])
+    report.mode = "diff"
+    first = next(iter(report.comparison.findings), None)
+    lines.append("")
+    if report.ok:
+        lines.append("The computations agree bit for bit.")
+    elif first is not None:
+        op = first.op
+        lines.append(
+            f"The computations first part at {op.op_type} ({op.op_name or 'eager'}), created at "
+            f"{op.location or '?'}: {first.explanation}."
+        )
+    lines += ["", str(report)]
+    print("\n".join(lines))
+    return OK if report.ok else FOUND
+
+
+def _ops(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from nddebug.knowledge import known_ops
+
+    df = known_ops()
+    if args.filter:
+        text = df.astype(str).agg(" ".join, axis=1).str.lower()
+        df = df[text.str.contains(args.filter.lower(), regex=False)]
+    if df.empty:
+        print(f"No known culprit matches {args.filter!r}.")
+        return OK
+    cols = ["op_type", "device", "pass", "kind", "under_determinism", "fix"]
+    rows = [[str(r[c])[:70] if c == "fix" else r[c] for c in cols] for _, r in df.iterrows()]
+    print(tabulate(rows, headers=cols, tablefmt="simple"))
+    return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

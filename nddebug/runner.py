@@ -1,0 +1,28 @@
+"""Runs a user's script in a child process of `nddebug run` (``python -m nddebug.runner``).
+
+The script's own ``nddebug.trace()`` blocks save into the file named by NDDEBUG_RECORD; with
+NDDEBUG_TRACE_ALL the whole script runs inside one trace block.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main() -> None:
+    script, *args = sys.argv[1:]
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    if os.environ.get("NDDEBUG_TRACE_ALL"):
+        from nddebug.tracer import trace
+
+        with trace():
+            runpy.run_path(script, run_name="__main__")
+    else:
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
