@@ -162,7 +162,11 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             f"recordings use different digest algorithms {sorted(algorithms)}; record them "
             "with the same nddebug version"
         )
-    empty = [i for i, r in enumerate(recordings) if not r.events]
+    empty = [
+        i
+        for i, r in enumerate(recordings)
+        if not any(r.ops[e.op_id].op_type != "VariableState" for e in r.events)
+    ]
     if empty:
         raise EmptyTraceError(
             f"run(s) {empty} recorded no TensorFlow op: nothing to compare. Put the training "
@@ -372,8 +376,8 @@ def _explain(f: OpFinding) -> None:
     if op.function == "uninstrumented":
         f.kind = "other"
         f.explanation = (
-            "a tf.function traced before nddebug.trace(): its inner ops were not recorded, so "
-            "the divergence is somewhere inside it; trace or call it first inside the block"
+            "a tf.function whose inner ops were not recorded (it was traced before "
+            "nddebug.trace(), or is compiled with XLA), so the divergence is somewhere inside it"
         )
         return
     if op.op_type == "VariableState":
@@ -389,6 +393,7 @@ def _explain(f: OpFinding) -> None:
         knowledge.device_kind(op.device),
     )
     if op.note == "value of the variable after this update" and not on_its_device:
+        f.culprit = None  # an entry for another device would give the wrong advice
         f.kind = "other"
         f.explanation = (
             "the update's inputs were identical but the variable it updated held a different "

@@ -125,12 +125,16 @@ def _bitcast_ok(dtype: Any) -> bool:
     return True
 
 
-def build_digest(tensor: Any, use_matmul: bool) -> Any:
+def build_digest(tensor: Any, use_matmul: bool, active: Any = None) -> Any:
     """Emit the ops that digest ``tensor``; returns an int64 tensor ``[lo, hi]``.
 
     Works in graphs and eagerly. With a static shape the block layout is planned here in Python
-    (fewest ops: a tiny tensor costs ~10 ops); otherwise it is computed in the graph. All views
+    (fewest ops: about 20 for a small tensor); otherwise it is computed in the graph. All views
     of the data are zero-copy except the last partial block (< 32 KiB).
+
+    ``active`` (an int32 0/1 tensor, or None for always) multiplies the number of full blocks:
+    at 0 the heavy part reads an empty slice, so an instrumented graph costs little when no
+    trace is recording, without any control flow.
     """
     import tensorflow as tf
 
@@ -143,8 +147,8 @@ def build_digest(tensor: Any, use_matmul: bool) -> Any:
     flat = tf.reshape(raw, [-1])
     nbytes = flat.shape[0]
     if nbytes is None:
-        return _digest_dynamic(flat, use_matmul)
-    return _digest_static(flat, nbytes, use_matmul)
+        return _digest_dynamic(flat, use_matmul, active)
+    return _digest_static(flat, nbytes, use_matmul, active)
 
 
 def _as_words(byte_vector: Any) -> Any:
@@ -165,7 +169,7 @@ def _weighted_sum(words: Any, weights: np.ndarray, stream: int, use_matmul: bool
     return tf.reduce_sum(words * w, axis=-1)
 
 
-def _digest_static(flat: Any, nbytes: int, use_matmul: bool) -> Any:
+def _digest_static(flat: Any, nbytes: int, use_matmul: bool, active: Any = None) -> Any:
     import tensorflow as tf
 
     whole_words, tail_bytes = divmod(nbytes, 8)
@@ -176,9 +180,11 @@ def _digest_static(flat: Any, nbytes: int, use_matmul: bool) -> Any:
     parts: list[list[Any]] = [[], []]
     if rows:
         block = tf.reshape(_as_words(flat[:full_bytes]), [rows, BLOCK])
+        live = rows if active is None else rows * active
+        block = block[:live]
         for stream in (0, 1):
             row_sums = _weighted_sum(block, _block_weights(stream), stream, use_matmul)
-            row_w = tf.constant(_row_weights_np(np.arange(rows), stream))
+            row_w = tf.constant(_row_weights_np(np.arange(rows), stream))[:live]
             parts[stream].append(tf.reduce_sum(row_sums * row_w))
     if last_len:
         rest = flat[full_bytes:] if rows else flat
@@ -196,7 +202,7 @@ def _digest_static(flat: Any, nbytes: int, use_matmul: bool) -> Any:
     return tf.stack([tf.add_n(p) if len(p) > 1 else p[0] for p in parts])
 
 
-def _digest_dynamic(flat: Any, use_matmul: bool) -> Any:
+def _digest_dynamic(flat: Any, use_matmul: bool, active: Any = None) -> Any:
     import tensorflow as tf
 
     nbytes = tf.size(flat, out_type=tf.int64)
@@ -204,13 +210,14 @@ def _digest_dynamic(flat: Any, use_matmul: bool) -> Any:
     rows = m0 // BLOCK
     full = rows * BLOCK
     main = _as_words(flat[: m0 * 8])
-    block = tf.reshape(main[:full], [-1, BLOCK])
+    live = rows if active is None else rows * tf.cast(active, tf.int64)
+    block = tf.reshape(main[:full], [-1, BLOCK])[:live]
     # Last partial block: remaining whole words, then the zero-padded tail bytes as one word.
     tail = flat[m0 * 8 :]
     tail_word = _as_words(tf.pad(tail, [[0, 8 - tf.size(tail)]]))
     last = tf.concat([main[full:], tail_word], 0)
     last = tf.pad(last, [[0, BLOCK - tf.size(last)]])
-    row_ids = tf.range(rows + 1, dtype=tf.int64)
+    row_ids = tf.concat([tf.range(live, dtype=tf.int64), tf.reshape(rows, [1])], 0)
     out = []
     for stream in (0, 1):
         row_sums = _weighted_sum(block, _block_weights(stream), stream, use_matmul)

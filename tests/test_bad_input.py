@@ -112,3 +112,33 @@ def test_executions_that_only_swap_order_are_not_divergent() -> None:
     assert report.ok and report.comparison.order_only == ["f/Square"]
     # A different bag is a divergence.
     assert not nddebug.compare([run([1, 2, 3]), run([1, 2, 4])]).ok
+
+
+def test_trace_in_a_tf1_graph_context_warns_and_does_not_wedge_later_traces() -> None:
+    with tf.Graph().as_default():
+        with nddebug.trace() as rec:
+            tf.constant(1.0) + 2.0
+    assert any("TF1 graph mode" in w for w in rec.warnings), rec.warnings
+    with nddebug.trace() as rec2:  # the next trace starts normally
+        tf.constant(1.0) + 2.0
+    assert len(rec2) == 1
+
+
+def test_check_without_tf_ops_is_empty_even_with_state() -> None:
+    v = tf.Variable(1.0)
+    with pytest.raises(nddebug.EmptyTraceError):
+        nddebug.check(lambda: None, repeats=2, state=v)
+
+
+def test_an_xla_function_with_a_culprit_inside_is_reported_as_uninstrumented() -> None:
+    @tf.function(jit_compile=True)
+    def noisy(x):
+        return x + tf.random.uniform([4])
+
+    def step(x):
+        return noisy(x)
+
+    report = nddebug.check(step, tf.ones([4]), repeats=2)
+    (source,) = report.sources.itertuples()
+    assert source.kind == "other" and "XLA" in source.explanation, str(report)
+    assert "PYTHONHASHSEED" not in source.explanation

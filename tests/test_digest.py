@@ -512,3 +512,20 @@ def test_unreadable_eager_tensors_have_no_digest():
     assert v.handle.dtype == tf.resource
     assert digest_eager_tensor(v.handle) is None
     assert digest_eager_tensor(v.read_value()) == digest_numpy(np.array([1.0, 2.0], np.float32))
+
+
+@pytest.mark.parametrize("shape", [(3,), (BLOCK * 3 + 5,), (2, BLOCK * 2)])
+def test_gated_digest_is_exact_when_active(shape):
+    """Instrumented graphs pass the trace switch as ``active``: on, the digest is exact."""
+    a = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    for static in (True, False):
+        spec = tf.TensorSpec(shape if static else None, tf.float32)
+        fn = tf.function(
+            lambda t, on: dg.build_digest(t, True, on),
+            input_signature=[spec, tf.TensorSpec([], tf.int32)],
+        )
+        assert tuple(int(v) for v in fn(tf.constant(a), tf.constant(1)).numpy()) == digest_numpy(a)
+        if a.size > BLOCK * 2:  # off: the full blocks are skipped, so the value differs
+            assert tuple(
+                int(v) for v in fn(tf.constant(a), tf.constant(0)).numpy()
+            ) != digest_numpy(a)

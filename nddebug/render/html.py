@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from nddebug.render.text import fmt_number
+from nddebug.render.text import cell
 
 if TYPE_CHECKING:
     from nddebug.report import Report
@@ -50,6 +50,8 @@ def render(report: Report) -> str:
         f"op determinism {'on' if s['op_determinism'] else 'off'}</p>",
         f'<p class="note">mode: {html.escape(s["mode"])} — {html.escape(report.mode_note)}</p>',
     ]
+    for w in report.warnings:  # what was not covered belongs next to the verdict
+        parts.append(f'<p class="note">warning: {html.escape(w)}</p>')
     for p in report.comparison.paths:
         parts.append(
             f"<p>Run {p.run} took a different path at top-level op #{p.position}: "
@@ -60,10 +62,8 @@ def render(report: Report) -> str:
         head = "".join(f"<th>{html.escape(h)}</th>" for _, h in _COLUMNS)
         body = []
         for _, row in df.iterrows():
-            cells = "".join(f"<td>{html.escape(fmt_number(row[c]))}</td>" for c, _ in _COLUMNS)
+            cells = "".join(f"<td>{html.escape(cell(row, c, None))}</td>" for c, _ in _COLUMNS)
             body.append(f'<tr class="{html.escape(row["role"].replace(" ", "-"))}">{cells}</tr>')
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
-    for w in report.warnings:
-        parts.append(f'<p class="note">warning: {html.escape(w)}</p>')
     parts.append("</div>")
     return "\n".join(parts)

@@ -64,7 +64,7 @@ def render(report: Report) -> str:
     df = report.culprits
     if len(df):
         shown = df.head(MAX_ROWS)
-        table = [[_cell(row, c) for c, _ in _TABLE] for _, row in shown.iterrows()]
+        table = [[cell(row, c) for c, _ in _TABLE] for _, row in shown.iterrows()]
         lines += ["", tabulate(table, headers=[h for _, h in _TABLE], tablefmt="simple")]
         if len(df) > MAX_ROWS:
             lines.append(f"  … and {len(df) - MAX_ROWS} more (report.culprits has them all)")
@@ -72,7 +72,7 @@ def render(report: Report) -> str:
         for _, row in sources.iterrows():
             lines += [
                 "",
-                f"Source: {row['op_type']} ({row['op_name']}) — {row['kind']}",
+                f"Source: {row['op_type']} ({row['op_name'].strip('()')}) — {row['kind']}",
                 f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
                 *_wrap("why: ", row["explanation"]),
                 *_wrap("known: ", _known(row)),
@@ -81,14 +81,15 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-def _cell(row: Any, column: str) -> str:
+def cell(row: Any, column: str, width: int | None = 44) -> str:
+    """One table cell as text; ``width`` shortens locations (None: keep them whole)."""
     if row["op_type"] == "VariableState":  # a variable's value after the step, not an op
         if column == "op_type":
             return f"{row['op_name']} (value after step)"
         if column == "location":
             return ""
     if column == "location":
-        return short_location(str(row[column]))
+        return short_location(str(row[column]), width) if width else str(row[column])
     return fmt_number(row[column])
 
 
