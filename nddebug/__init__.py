@@ -13,7 +13,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from nddebug.check import check, compare, load
+from nddebug.check import assert_deterministic, check, compare, load
 from nddebug.errors import (
     EmptyTraceError,
     NddebugError,
@@ -44,6 +44,7 @@ __all__ = [
     "RecordingFileError",
     "Report",
     "TraceError",
+    "assert_deterministic",
     "check",
     "compare",
     "known_ops",

@@ -39,6 +39,7 @@ def check(
     seed: int | None = None,
     path: str | None = None,
     quantify: bool = True,
+    advance: bool = True,
     **kwargs: Any,
 ) -> Report:
     """Run ``fn(*args, **kwargs)`` ``repeats`` times under :func:`nddebug.trace` and compare.
@@ -52,7 +53,8 @@ def check(
     With ``path`` each compared run is appended to that file as soon as it ends.
 
     Finally the state is restored once more and ``fn`` runs once, uninstrumented: the user's
-    training continues exactly as if check() had been one ordinary step.
+    training continues exactly as if check() had been one ordinary step. With
+    ``advance=False`` the state is left as before the check instead.
     """
     from nddebug.tracer import Recorder, trace
 
@@ -120,9 +122,21 @@ def check(
     # Leave the state as after one ordinary, uninstrumented step of the user's own function:
     # instrumented graphs can fuse ops differently, so their last bits need not match it.
     keeper.restore(before)
-    if seed is not None:
-        st.set_seeds(seed)
-    fn(*args, **kwargs)
+    if advance:
+        if seed is not None:
+            st.set_seeds(seed)
+        fn(*args, **kwargs)
+    return report
+
+
+def assert_deterministic(
+    fn: Callable[..., Any], *args: Any, repeats: int = 3, state: Any = None, **kwargs: Any
+) -> Report:
+    """For your own test suite: check ``fn`` and raise AssertionError with the report's text
+    if any op diverged. Returns the report otherwise."""
+    report = check(fn, *args, repeats=repeats, state=state, **kwargs)
+    if not report.ok:
+        raise AssertionError(f"{fn!r} is not deterministic:\n{report}")
     return report
 
 

@@ -1,0 +1,81 @@
+"""A Keras callback that checks a training step now and then during ``model.fit``."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+
+from nddebug.errors import NddebugError
+
+
+class NonDeterminismError(NddebugError):
+    """Raised by DeterminismCheck(on_failure="raise"); ``.report`` holds the report."""
+
+    def __init__(self, report: Any) -> None:
+        super().__init__(str(report))
+        self.report = report
+
+
+class DeterminismCheck(keras.callbacks.Callback):
+    """Every ``every_n_steps`` training steps, check that step with :func:`nddebug.check`.
+
+    The checked step's own batch is taken from fit's iterator, checked ``repeats`` times with
+    the model's state restored each time, and then trained on exactly as fit would have (with
+    the model's original train function), so training is not changed by the check.
+    Reports are kept in ``self.reports``; on a divergence it warns or raises.
+    """
+
+    def __init__(
+        self, every_n_steps: int = 100, repeats: int = 2, on_failure: str = "warn"
+    ) -> None:
+        super().__init__()
+        if on_failure not in ("warn", "raise"):
+            raise ValueError(f"on_failure must be 'warn' or 'raise', not {on_failure!r}")
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be at least 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.repeats = repeats
+        self.on_failure = on_failure
+        self.reports: list[Any] = []
+        self._step = 0
+        self._original: Any = None
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self._step % self.every_n_steps == 0:
+            self._original = self.model.train_function
+            self.model.train_function = self._checked_step
+        self._step += 1
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._original is not None:
+            self.model.train_function = self._original
+            self._original = None
+
+    def _checked_step(self, iterator: Any) -> Any:
+        import tensorflow as tf
+
+        from nddebug.check import check
+
+        model, original = self.model, self._original
+        data = next(iterator)
+        size = int(tf.nest.flatten(data)[0].shape[0])
+
+        def batch_iterator() -> Any:
+            # Same iterator type and element spec as fit's: the train function is not retraced.
+            ds = tf.data.Dataset.from_tensor_slices(data).batch(size)
+            return iter(model.distribute_strategy.experimental_distribute_dataset(ds))
+
+        def step() -> Any:
+            model.make_train_function()  # check() has cleared it: built inside the trace
+            return model.train_function(batch_iterator())
+
+        report = check(step, repeats=self.repeats, state=model, advance=False)
+        self.reports.append(report)
+        outputs = original(batch_iterator())
+        if not report.ok:
+            if self.on_failure == "raise":
+                raise NonDeterminismError(report)
+            warnings.warn(f"nddebug: training step {self._step - 1}:\n{report}", stacklevel=2)
+        return outputs

@@ -1,0 +1,88 @@
+"""The Keras callback and assert_deterministic, in real training."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug.keras import DeterminismCheck, NonDeterminismError
+from nddebug.state import collect_variables
+from tests.helpers import variables_bytes
+
+
+def _small_cnn() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((12, 12, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Dropout(0.25),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(loss="categorical_crossentropy", optimizer=keras.optimizers.Adadelta(1.0))
+    return model
+
+
+def test_callback_leaves_training_bitwise_identical_on_a_deterministic_model() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.random((96, 12, 12, 1), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 96)]
+    with_cb, without = _small_cnn(), _small_cnn()
+    callback = DeterminismCheck(every_n_steps=2, repeats=2, on_failure="raise")
+    with_cb.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    without.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    assert len(callback.reports) == 2 and all(r.ok for r in callback.reports)
+    assert callback.reports[0].summary["ops_traced"] > 50  # the real train step was traced
+    assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
+        collect_variables(without)
+    )
+
+
+class NoisyLayer(keras.layers.Layer):
+    def call(self, x):
+        return x + 0.01 * tf.random.uniform(tf.shape(x))  # unseeded, stateful
+
+
+def test_callback_catches_a_culprit_during_fit() -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), NoisyLayer(), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).random((64, 8), dtype=np.float32)
+    y = np.random.default_rng(1).random((64, 2), dtype=np.float32)
+    callback = DeterminismCheck(every_n_steps=1, repeats=2, on_failure="warn")
+    with pytest.warns(UserWarning, match="RandomUniform"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.reports and not callback.reports[0].ok
+    with pytest.raises(NonDeterminismError, match="RandomUniform"):
+        model.fit(
+            x,
+            y,
+            batch_size=32,
+            epochs=1,
+            verbose=0,
+            callbacks=[DeterminismCheck(every_n_steps=1, on_failure="raise")],
+        )
+
+
+def test_assert_deterministic() -> None:
+    v = tf.Variable(tf.ones([4]))
+
+    @tf.function
+    def good(x):
+        v.assign_add(x)
+        return tf.reduce_sum(v)
+
+    assert nddebug.assert_deterministic(good, tf.ones([4]), state=v).ok
+
+    @tf.function
+    def bad(x):
+        return x + tf.random.uniform([4])
+
+    with pytest.raises(AssertionError, match="RandomUniform"):
+        nddebug.assert_deterministic(bad, tf.ones([4]))
