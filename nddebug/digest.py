@@ -136,6 +136,15 @@ def build_digest(tensor: Any, use_matmul: bool, active: Any = None) -> Any:
     at 0 the heavy part reads an empty slice, so an instrumented graph costs little when no
     trace is recording, without any control flow.
     """
+    flat = byte_view(tensor)
+    nbytes = flat.shape[0]
+    if nbytes is None:
+        return _digest_dynamic(flat, use_matmul, active)
+    return _digest_static(flat, nbytes, use_matmul, active)
+
+
+def byte_view(tensor: Any) -> Any:
+    """The tensor's bytes as a flat uint8 vector: a zero-copy view except for bool."""
     import tensorflow as tf
 
     if tensor.dtype == tf.bool:
@@ -144,11 +153,7 @@ def build_digest(tensor: Any, use_matmul: bool, active: Any = None) -> Any:
         raw = tensor
     else:
         raw = tf.bitcast(tensor, tf.uint8)
-    flat = tf.reshape(raw, [-1])
-    nbytes = flat.shape[0]
-    if nbytes is None:
-        return _digest_dynamic(flat, use_matmul, active)
-    return _digest_static(flat, nbytes, use_matmul, active)
+    return tf.reshape(raw, [-1])
 
 
 def _as_words(byte_vector: Any) -> Any:
