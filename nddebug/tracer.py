@@ -236,7 +236,9 @@ class Recorder:
         out_tensors = list(outputs)
         note = ""
         if not out_tensors and _WRITER.match(op_type) and inputs:
-            value = _read_variable(inputs[0], _dtype_attr(attrs))
+            value = _written_value(op_type, inputs)
+            if value is None:
+                value = _read_variable(inputs[0], _dtype_attr(attrs))
             if value is not None:
                 out_tensors = [value]
                 note = "value of the variable after this update"
@@ -473,6 +475,11 @@ def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
     return int(values[0]), int(values[1])
 
 
+def _written_value(op_type: str, inputs: Any) -> Any:
+    """A plain assignment writes exactly its value input's bits: that is the value after it."""
+    return inputs[1] if op_type == "AssignVariableOp" and len(inputs) > 1 else None
+
+
 def _read_variable(handle: Any, dtype: Any) -> Any:
     if dtype is None:
         return None
@@ -609,7 +616,11 @@ def _instrument_graph_op(
     op = outputs[0].op if outputs else graph.get_operation_by_name(op_name)
     out_tensors = list(outputs)
     note = ""
-    if not out_tensors and _WRITER.match(op_type) and inputs:
+    written = _written_value(op_type, inputs) if not out_tensors else None
+    if written is not None:
+        out_tensors = [written]  # digested already as the input: no read-back, no new digest
+        note = "value of the variable after this update"
+    elif not out_tensors and _WRITER.match(op_type) and inputs:
         dtype = _dtype_attr(attrs)
         if dtype is not None:
             from tensorflow.python.ops import gen_resource_variable_ops

@@ -102,3 +102,26 @@ def test_an_xla_function_is_not_broken_and_is_reported() -> None:
     assert any(rec.ops[ev.op_id].function for ev in rec.events)
     report = nddebug.check(h, tf.ones([8]), repeats=2)
     assert report.ok and any(op.op_type == "Tanh" for op in report.recordings[0].ops.values())
+
+
+def test_plain_assignments_record_the_written_value_eagerly_and_in_graphs() -> None:
+    v = tf.Variable(tf.zeros([3, 4]))
+    new = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])
+
+    @tf.function
+    def assign_in_graph(x):
+        v.assign(x * 2.0)
+
+    with nddebug.trace() as rec:
+        v.assign(new)  # eager AssignVariableOp
+        assign_in_graph(new)
+    assert not any("Could not record" in w for w in rec.warnings), rec.warnings
+    from nddebug.digest import digest_numpy
+
+    written = [
+        ev.digests[0]
+        for ev in rec.events
+        if rec.ops[ev.op_id].op_type == "AssignVariableOp"
+        and rec.ops[ev.op_id].note == "value of the variable after this update"
+    ]
+    assert written == [digest_numpy(new.numpy()), digest_numpy(new.numpy() * 2.0)]
