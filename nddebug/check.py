@@ -86,7 +86,6 @@ def check(
     try:
         with st.fresh_keras_functions(models, warnings):
             step = _fresh(fn, warnings)
-            st.reset_keras_functions(models)
             warm = one_run(step, "warm-up")
             if keeper.unreadable:
                 warnings.append(

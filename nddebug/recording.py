@@ -74,17 +74,6 @@ class Recording:
 
         storage.save([self], path)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "label": self.label,
-            "status": self.status,
-            "kind": self.kind,
-            "digest_algorithm": self.digest_algorithm,
-            "environment": self.environment,
-            "warnings": self.warnings,
-        }
-
 
 def op_from_row(row: dict[str, Any]) -> OpInfo:
     """Build an OpInfo from its JSON form, tolerating the tuple/list round trip."""

@@ -151,7 +151,7 @@ def set_seeds(seed: int) -> None:
 def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[None]:
     """Make Keras rebuild its train/test/predict functions inside the trace (so they are
     instrumented), without XLA (which cannot hold host callbacks), and put the user's
-    functions and settings back afterwards."""
+    functions and settings back afterwards. ``reset_keras_functions`` rebuilds them again."""
     saved = []
     for m in models:
         attrs = {
@@ -164,6 +164,7 @@ def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[No
                 f"XLA (jit_compile) was switched off on model {getattr(m, 'name', '')} while "
                 "checking: XLA-compiled steps are checked as a whole only."
             )
+    reset_keras_functions(models)
     try:
         yield
     finally:

@@ -9,6 +9,7 @@ nothing in the file is ever unpickled.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import json
@@ -157,7 +158,7 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
         con.executemany(
             "INSERT INTO ops VALUES (?, ?, ?)",
             [
-                (rec.run_id, op.op_id, json.dumps(_op_row(op), default=str))
+                (rec.run_id, op.op_id, json.dumps(dataclasses.asdict(op), default=str))
                 for op in rec.ops.values()
             ],
         )
@@ -184,12 +185,6 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
                 "INSERT INTO captured VALUES (?, ?, ?, ?)",
                 (rec.run_id, name, array.dtype.name, buf.getvalue()),
             )
-
-
-def _op_row(op: object) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(op)
 
 
 def _portable(array: np.ndarray) -> np.ndarray:

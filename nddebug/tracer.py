@@ -667,9 +667,10 @@ def _instrument_graph_op(
         f = _attr(attrs, "f")
         fname = _as_str(getattr(f, "name", "")) if f is not None else ""
         if fname and fname not in REGISTRY.instrumented_functions:
-            rec.recording.warnings.append(
+            _warn_once(
+                rec.recording,
                 f"Graph {graph.name} calls function {fname}, traced before nddebug.trace(): its "
-                "inner ops are not recorded, only its outputs."
+                "inner ops are not recorded, only its outputs.",
             )
     if not readable_out and not readable_in:
         return
