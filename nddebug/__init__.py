@@ -26,14 +26,15 @@ from nddebug.recording import Recording
 from nddebug.report import Report
 
 
-def trace(label: str = "", path: str | None = None) -> Any:
+def trace(label: str = "", path: str | None = None, rerun: int = 0) -> Any:
     """Record every TensorFlow op run in the block: ``with nddebug.trace() as rec: step()``.
 
-    See :func:`nddebug.tracer.trace`.
+    With ``rerun=k`` every stateless op also runs k more times on its own inputs. See
+    :func:`nddebug.tracer.trace`.
     """
     from nddebug.tracer import trace as _trace
 
-    return _trace(label=label, path=path)
+    return _trace(label=label, path=path, rerun=rerun)
 
 
 __all__ = [

@@ -10,6 +10,7 @@ an op whose outputs differ only in order (same multiset of digests) is not calle
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 
 from nddebug import knowledge
 from nddebug.errors import EmptyTraceError, NotComparableError
-from nddebug.recording import Event, OpInfo, Recording
+from nddebug.recording import RERUN_INNER, Event, OpInfo, Recording
 
 # A unit is one op execution identified across runs: (eager index in run 0, key, occurrence).
 Unit = tuple[int, str, int]
@@ -148,6 +149,55 @@ def unit_values(recordings: list[Recording]) -> dict[tuple[Unit, int], list[Any]
                     rec.values[name] for name, rec in zip(names, recordings, strict=False)
                 ]
     return out
+
+
+def expand_reruns(rec: Recording) -> list[Recording]:
+    """A rerun recording as runs that compare like any others: run j holds every re-executed
+    op's j-th re-execution and every other op's only execution. A re-execution read the very
+    same input tensors, so an op that differs there is a source by construction and nothing
+    downstream of it can differ."""
+    k = max((len(ev.reruns) for ev in rec.events if ev.reruns), default=0)
+    runs = []
+    for j in range(k + 1):
+        events = [
+            dataclasses.replace(
+                ev,
+                digests=ev.reruns[j - 1] if j and ev.reruns and j <= len(ev.reruns) else ev.digests,
+                reruns=None,
+            )
+            for ev in rec.events
+        ]
+        values = {name: v for name, v in rec.values.items() if "@" not in name}
+        if j:
+            suffix = f"@{j}"
+            values.update(
+                {name[: -len(suffix)]: v for name, v in rec.values.items() if name.endswith(suffix)}
+            )
+        runs.append(
+            dataclasses.replace(
+                rec,
+                events=events,
+                values=values,
+                kind="run" if rec.kind == "rerun" else rec.kind,
+                label=f"{rec.label or 'step'}, execution {j}",
+                run_id=f"{rec.run_id}:{j}",
+            )
+        )
+    return runs
+
+
+def not_rerun(rec: Recording) -> dict[str, list[str]]:
+    """The op types of a rerun recording that were not re-executed, by reason (function calls
+    are left out: the ops inside them were re-executed one by one)."""
+    covered = {ev.op_id for ev in rec.events if ev.reruns}
+    out: dict[str, set[str]] = defaultdict(set)
+    for op_id in {ev.op_id for ev in rec.events} - covered:
+        op = rec.ops[op_id]
+        if op.op_type == "VariableState" or op.function or op.rerun == RERUN_INNER:
+            continue
+        reason = op.rerun or "traced before the rerun block: its graph has no copies to re-run"
+        out[reason].add(op.op_type)
+    return {reason: sorted(types) for reason, types in sorted(out.items())}
 
 
 def compare_recordings(recordings: list[Recording]) -> Comparison:

@@ -40,6 +40,8 @@ def check(
     path: str | None = None,
     quantify: bool = True,
     advance: bool = True,
+    mode: str = "repeat",
+    rerun: int = 1,
     **kwargs: Any,
 ) -> Report:
     """Run ``fn(*args, **kwargs)`` ``repeats`` times under :func:`nddebug.trace` and compare.
@@ -52,14 +54,24 @@ def check(
     more runs capture the full values of the divergent ops to measure how far apart they are.
     With ``path`` each compared run is appended to that file as soon as it ends.
 
+    With ``mode="rerun"`` the step runs once, traced with ``trace(rerun=rerun)``: every
+    stateless op runs ``rerun`` more times on its own inputs, and an op whose re-executions
+    differ is a source. One step, no repeats, but it cannot see stateful ops, races between
+    ops or input-pipeline order (the report says so); ``repeats`` is not used.
+
     Finally the state is restored once more and ``fn`` runs once, uninstrumented: the user's
     training continues exactly as if check() had been one ordinary step. With
     ``advance=False`` the state is left as before the check instead.
     """
     from nddebug.tracer import Recorder, trace
 
-    if repeats < 2:
+    if mode not in ("repeat", "rerun"):
+        raise ValueError(f"mode must be 'repeat' or 'rerun', got {mode!r}")
+    if mode == "repeat" and repeats < 2:
         raise ValueError(f"repeats must be at least 2 to compare runs, got {repeats}")
+    if mode == "rerun" and rerun < 1:
+        raise ValueError(f"rerun must be at least 1 extra execution per op, got {rerun}")
+    k = rerun if mode == "rerun" else 0
     warnings: list[str] = []
     models = st.keras_models(state)
     keeper = st.StateKeeper(state)
@@ -71,7 +83,7 @@ def check(
         keeper.restore(before)
         if seed is not None:
             st.set_seeds(seed)
-        with keeper.watch_creation(), trace(label=label) as rec:
+        with keeper.watch_creation(), trace(label=label, rerun=k) as rec:
             if capture is not None:
                 assert Recorder.active is not None
                 Recorder.active.capture = capture
@@ -86,26 +98,32 @@ def check(
     try:
         with st.fresh_keras_functions(models, warnings):
             step = _fresh(fn, warnings)
-            warm = one_run(step, "warm-up")
+            warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
             if keeper.unreadable:
                 warnings.append(
                     "Could not read the initial value of variable(s) created by the step "
                     f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
                 )
             warnings.extend(w for w in warm.warnings if w not in warnings)
-            if state is None and any(op.resource for op in warm.ops.values()):
+            if mode == "repeat" and state is None and any(op.resource for op in warm.ops.values()):
                 warnings.append(
                     "The step reads or updates variables but no state= was given: every repeat "
                     "starts from whatever the previous one left. Pass the model, optimizer or "
                     "variables as state= to restore them."
                 )
-            for i in range(repeats):
+            if mode == "rerun":
+                # One traced step is the whole check: its ops were compared with themselves.
+                runs.append(warm)
+                if path is not None:
+                    warm.save(path)
+            for i in range(repeats if mode == "repeat" else 0):
                 runs.append(one_run(step, f"repeat {i}"))
                 if path is not None:
                     runs[-1].save(path)
-            report = Report(runs, mode="repeat")
+            report = Report(runs, mode=mode)
             keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
-            if quantify and keys:
+            # Rerun mode measured divergent outputs as it went: no second pass.
+            if quantify and keys and mode == "repeat":
                 # Retrace, so that the graphs hand the chosen outputs' values to the host.
                 step = _fresh(fn, [])
                 st.reset_keras_functions(models)
@@ -144,6 +162,8 @@ def compare(recordings: Sequence[Recording]) -> Report:
     recs = list(recordings)
     runs = [r for r in recs if r.kind != "capture"]
     captures = [r for r in recs if r.kind == "capture"]
+    if any(r.kind == "rerun" for r in runs):
+        return Report(runs, mode="rerun", captures=captures)
     return Report(runs, mode="compare", captures=captures)
 
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Digest = tuple[int, int]  # see nddebug.digest
+#: OpInfo.rerun of an op that runs other ops (a function call, a branch, a loop): it is covered
+#: by re-executing the ops inside it.
+RERUN_INNER = "function call or control flow (its inner ops are re-executed)"
 
 
 @dataclass
@@ -29,6 +32,8 @@ class OpInfo:
     note: str = ""  # e.g. "value of the variable after this update"
     resource: str = ""  # the variable an op reads or writes (ReadVariableOp, updates)
     function: str = ""  # for a tf.function call: "instrumented" or "uninstrumented"
+    # In a rerun recording: "" if the op was re-executed, else why not ("stateful", ...).
+    rerun: str = ""
 
 
 @dataclass
@@ -41,6 +46,8 @@ class Event:
     digests: list[Digest | None]
     inputs: list[Digest] | None = None  # digests of its readable inputs, in order
     shapes: list[list[int]] | None = None  # actual shapes, when known (eager ops)
+    # In a rerun recording: the output digests of each extra execution on the same inputs.
+    reruns: list[list[Digest | None]] | None = None
 
 
 @dataclass
@@ -55,7 +62,9 @@ class Recording:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     digest_algorithm: str = ""
     status: str = "complete"  # or "interrupted"
-    kind: str = "run"  # "run": compared; "capture": kept full values to measure divergence
+    # "run": compared with other runs; "capture": kept full values to measure divergence;
+    # "rerun": every re-executable op also ran again on its own inputs (compared within).
+    kind: str = "run"
     # Full values captured for chosen outputs, keyed by "<event seq>:<output slot>".
     values: dict[str, Any] = field(default_factory=dict)
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nddebug import knowledge, quantify
-from nddebug.analysis import Comparison, compare_recordings, unit_values
+from nddebug.analysis import (
+    Comparison,
+    compare_recordings,
+    expand_reruns,
+    not_rerun,
+    unit_values,
+)
+from nddebug.errors import NotComparableError
 from nddebug.recording import Recording
 
 if TYPE_CHECKING:
@@ -49,6 +56,13 @@ MODES = {
         "per-process effects (autotuning, hash randomisation, thread scheduling)"
     ),
     "diff": "compared two recordings, e.g. from two environments",
+    "rerun": (
+        "re-executed every stateless op on its own input tensors within one step: an op whose "
+        "re-executions differ is a source by construction (a non-deterministic kernel). It "
+        "cannot see stateful ops (random ops, variable updates, iterators, I/O), races between "
+        "ops, input-pipeline order or per-process effects (autotuning, PYTHONHASHSEED): "
+        "repeated steps (nddebug.check) and fresh processes (nddebug run) see those"
+    ),
 }
 
 
@@ -64,9 +78,26 @@ class Report:
         self.recordings = recordings
         self.captures = captures or []
         self.mode = mode
-        self.comparison: Comparison = compare_recordings(recordings)
-        if len(self.captures) >= 2:
-            _attach_magnitudes(self.comparison, self.captures)
+        runs, capture_runs = recordings, self.captures
+        if mode == "rerun":
+            if len(recordings) != 1 or recordings[0].kind != "rerun":
+                raise NotComparableError(
+                    "a rerun report reads exactly one recording made with trace(rerun=k) "
+                    f"(got {len(recordings)}, of kinds {sorted({r.kind for r in recordings})}); "
+                    "compare rerun recordings one at a time"
+                )
+            runs = expand_reruns(recordings[0])
+            if len(runs) < 2:
+                raise NotComparableError(
+                    "the rerun recording holds no re-executed op: were all its ops stateful, or "
+                    "its graphs traced before trace(rerun=k)?"
+                )
+            # Eager re-executions keep the values of divergent outputs as they go.
+            own = [recordings[0]] if recordings[0].values else []
+            capture_runs = [r for c in self.captures or own for r in expand_reruns(c)]
+        self.comparison: Comparison = compare_recordings(runs)
+        if len(capture_runs) >= 2:
+            _attach_magnitudes(self.comparison, capture_runs)
 
     @property
     def ok(self) -> bool:
@@ -107,7 +138,19 @@ class Report:
 
     @property
     def mode_note(self) -> str:
-        return MODES.get(self.mode, "")
+        note = MODES.get(self.mode, "")
+        if self.mode == "rerun":
+            missed = not_rerun(self.recordings[0])
+            if missed:
+                note += ". Not re-executed here: " + "; ".join(
+                    f"{', '.join(types)} ({reason})" for reason, types in missed.items()
+                )
+        return note
+
+    @property
+    def not_covered(self) -> dict[str, list[str]]:
+        """In rerun mode, the op types that were not re-executed, by reason."""
+        return not_rerun(self.recordings[0]) if self.mode == "rerun" else {}
 
     @property
     def warnings(self) -> list[str]:

@@ -23,7 +23,9 @@ from nddebug.errors import RecordingFileError
 from nddebug.recording import Event, Recording, op_from_row
 
 FORMAT = "nddebug-recording"
-FORMAT_VERSION = 1
+# 2 added the reruns table (recordings of kind "rerun"): a version-1 reader would compare
+# such a recording as one plain run and miss what its re-executions found.
+FORMAT_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -38,6 +40,9 @@ CREATE TABLE IF NOT EXISTS ops (
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, op_id INTEGER NOT NULL, call INTEGER NOT NULL,
     digests TEXT NOT NULL, inputs TEXT, shapes TEXT, PRIMARY KEY (run_id, seq));
+CREATE TABLE IF NOT EXISTS reruns (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, digests TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq));
 CREATE TABLE IF NOT EXISTS captured (
     run_id TEXT NOT NULL, name TEXT NOT NULL, dtype TEXT NOT NULL, npy BLOB NOT NULL,
     PRIMARY KEY (run_id, name));
@@ -46,7 +51,9 @@ CREATE TABLE IF NOT EXISTS captured (
 _DESCRIPTION = (
     "nddebug recording: runs(one row per traced run), ops(static facts per traced op, JSON), "
     "events(one row per op execution: digests of its outputs as JSON [[lo, hi] | null, ...]), "
-    "captured(full output values as .npy bytes). Digest definition: see nddebug.digest."
+    "reruns(per op execution of a rerun recording: the digests of each extra execution on the "
+    "same inputs, JSON [[[lo, hi] | null, ...], ...]), captured(full output values as .npy "
+    "bytes). Digest definition: see nddebug.digest."
 )
 
 
@@ -109,6 +116,13 @@ def save(recordings: Iterable[Recording], path: str) -> None:
             _check_format(con, path)
         with con:
             con.executescript(_SCHEMA)
+            if not fresh:
+                # Older layouts are a subset of this one: the file now holds this version.
+                con.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'format_version' AND "
+                    "CAST(value AS INTEGER) < ?",
+                    (str(FORMAT_VERSION), FORMAT_VERSION),
+                )
             if fresh:
                 from nddebug import __version__
 
@@ -177,6 +191,10 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
                 for ev in rec.events
             ],
         )
+        con.executemany(
+            "INSERT INTO reruns VALUES (?, ?, ?)",
+            [(rec.run_id, ev.seq, json.dumps(ev.reruns)) for ev in rec.events if ev.reruns],
+        )
         for name, array in rec.values.items():
             array = np.asarray(array)
             buf = io.BytesIO()
@@ -220,6 +238,7 @@ def load(path: str) -> list[Recording]:
             "SELECT run_id, label, status, kind, digest_algorithm, environment, warnings "
             "FROM runs ORDER BY ordinal"
         ).fetchall()
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         out = []
         for run_id, label, status, kind, algorithm, env, warnings in runs:
             rec = Recording(
@@ -249,6 +268,12 @@ def load(path: str) -> list[Recording]:
                         shapes=None if shapes is None else json.loads(shapes),
                     )
                 )
+            if "reruns" in tables:
+                by_seq = {ev.seq: ev for ev in rec.events}
+                for seq, digests in con.execute(
+                    "SELECT seq, digests FROM reruns WHERE run_id = ?", (run_id,)
+                ):
+                    by_seq[seq].reruns = [_digests(row) for row in json.loads(digests)]
             for name, dtype, blob in con.execute(
                 "SELECT name, dtype, npy FROM captured WHERE run_id = ?", (run_id,)
             ):

@@ -27,7 +27,7 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug.errors import TraceError
-from nddebug.recording import Event, OpInfo, Recording
+from nddebug.recording import RERUN_INNER, Event, OpInfo, Recording
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
 ALIAS_OPS = {
@@ -52,6 +52,18 @@ _WRITER = re.compile(
 RECORD_ENV = "NDDEBUG_RECORD"  # set by `nddebug run` for the processes it starts
 LABEL_ENV = "NDDEBUG_LABEL"
 _FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
+# Ops that run other ops (function bodies, branches, loops): their inner ops are re-executed
+# one by one, so re-executing the whole call would only repeat that work.
+_CALL_OPS = {
+    "PartitionedCall",
+    "StatefulPartitionedCall",
+    "If",
+    "StatelessIf",
+    "While",
+    "StatelessWhile",
+    "Case",
+    "StatelessCase",
+}
 _UID_SUFFIX = re.compile(r"_\d+$")
 # Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
 # process, a second model); keys drop them and tell real duplicates apart by creation order.
@@ -102,6 +114,9 @@ class OpRegistry:
         self.graph_keys: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
             weakref.WeakKeyDictionary()
         )
+        # Graph ops instrumented for rerun mode: op id -> (number of copies, whether the host
+        # gets the tensors themselves rather than digests and sliced bytes).
+        self.reruns: dict[int, tuple[int, bool]] = {}
 
     def new_id(self) -> int:
         return next(self._ids)
@@ -130,8 +145,10 @@ class Recorder:
 
     active: Recorder | None = None
 
-    def __init__(self, recording: Recording) -> None:
+    def __init__(self, recording: Recording, rerun: int = 0) -> None:
         self.recording = recording
+        # Extra executions of every re-executable op on its own inputs (trace(rerun=k)).
+        self.rerun = rerun
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._pending: list[Event] = []
@@ -245,6 +262,11 @@ class Recorder:
         if not out_tensors and not in_digests:
             return
         out_digests = [self._digest_eager(t) for t in out_tensors]
+        op_def = _op_def(op_type)
+        stateful = op_def is None or op_def.is_stateful
+        blocker = ""
+        if self.rerun:
+            blocker = _rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
         op_id = self._eager_sites.get(key)
         if op_id is None:
             op_id = REGISTRY.new_id()
@@ -261,11 +283,12 @@ class Recorder:
                 dtypes=[t.dtype.name for t in out_tensors],
                 shapes=[list(t.shape) for t in out_tensors],
                 digestible=[d is not None for d in out_digests],
-                stateful=False,
+                stateful=op_def is not None and op_def.is_stateful,
                 attrs=_interesting_attrs(attrs),
                 note=note,
                 resource=_eager_resource(op_type, inputs),
                 function=_function_state(op_type),
+                rerun=blocker,
             )
             if self.recording.ops[op_id].function == "uninstrumented":
                 self.recording.warnings.append(
@@ -283,10 +306,13 @@ class Recorder:
             inputs=in_digests,
             shapes=[list(t.shape) for t in out_tensors],
         )
-        if self.capture and key in self.capture:
+        capture = bool(self.capture and key in self.capture)
+        if capture:
             for slot, t in enumerate(out_tensors):
                 if out_digests[slot] is not None:
                     self.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
+        if self.rerun and not blocker:
+            ev.reruns = self._rerun_eager(op_type, inputs, attrs, out_tensors, ev, capture)
         with self._lock:
             if _FUNCTION_CALL.match(op_type):
                 device = self.recording.ops[op_id].device
@@ -299,6 +325,34 @@ class Recorder:
                         inner.device = device
                 self._pending.clear()
             self.recording.events.append(ev)
+
+    def _rerun_eager(
+        self, op_type: str, inputs: Any, attrs: Any, outputs: list[Any], ev: Event, capture: bool
+    ) -> list[list[dg.Digest | None]]:
+        """Execute the op again, at once, on the very same input tensors and device. Both
+        values are still at hand, so those of a divergent output are kept to measure it."""
+        import tensorflow as tf
+        from tensorflow.python.eager import context, execute
+
+        # The eager fast path reports unset optional attrs as None: leave those to defaults.
+        pairs = zip(attrs[::2], attrs[1::2], strict=False) if attrs else ()
+        flat = tuple(x for k, v in pairs if v is not None for x in (k, v))
+        reruns = []
+        results = []
+        with tf.device(outputs[0].device or None):
+            for _ in range(self.rerun):
+                again = execute.quick_execute(
+                    op_type, len(outputs), list(inputs), flat, context.context()
+                )
+                results.append(again)
+                reruns.append([digest_eager_tensor(t) for t in again])
+        for slot, digest in enumerate(ev.digests):
+            if digest is None or not (capture or any(r[slot] != digest for r in reruns)):
+                continue
+            self.recording.values[f"{ev.seq}:{slot}"] = np.array(outputs[slot].numpy())
+            for j, again in enumerate(results, start=1):
+                self.recording.values[f"{ev.seq}:{slot}@{j}"] = np.array(again[slot].numpy())
+        return reruns
 
     def _eager_location(self) -> tuple[str, str]:
         """Where in user code the op ran, and the same without the directory."""
@@ -352,25 +406,96 @@ class Recorder:
         op = REGISTRY.ops.get(op_id)
         if op is None:
             return
+        slots = [i for i, readable in enumerate(op.digestible) if readable]
+        k, host = REGISTRY.reruns.get(op_id, (0, False))
         ev = Event(
             seq=next(self._seq),
             op_id=op_id,
             call=-1,
-            digests=_unpack(outs, op.digestible),
+            digests=[None] * len(op.digestible) if host else _unpack(outs.tolist(), op.digestible),
             inputs=[(int(row[0]), int(row[1])) for row in ins.tolist()],
         )
+        kept: dict[str, np.ndarray] = {}
+        if host:
+            _host_digests(ev, slots, k, values, kept)
+        elif k:
+            ev.reruns = _rerun_digests(op, ev, slots, k, values, kept)
+        else:
+            for slot, value in zip(slots, values, strict=False):
+                kept[f"{ev.seq}:{slot}"] = np.array(value)
         with self._lock:
             if op_id not in self.recording.ops:
                 self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
             self._pending.append(ev)
-            if values:
-                slots = [i for i, readable in enumerate(op.digestible) if readable]
-                for slot, value in zip(slots, values, strict=False):
-                    self.recording.values[f"{ev.seq}:{slot}"] = np.array(value)
+            self.recording.values.update(kept)
 
 
-def _unpack(values: np.ndarray, mask: list[bool]) -> list[dg.Digest | None]:
-    it = iter(values.tolist())
+def _host_digests(
+    ev: Event, slots: list[int], k: int, arrays: tuple[np.ndarray, ...], kept: dict[str, np.ndarray]
+) -> None:
+    """Rerun mode on the CPU: the graph handed over each output and its k copies (zero-copy
+    views of host memory), so they are compared and digested here, and the graph carries no
+    digest ops. The inputs were the same tensors for all copies by construction."""
+    ev.inputs = []
+    reruns: list[list[dg.Digest | None]] = [list(ev.digests) for _ in range(k)]
+    for i, slot in enumerate(slots):
+        original, *copies = arrays[i * (k + 1) : (i + 1) * (k + 1)]
+        ev.digests[slot] = d = dg.digest_numpy(original)
+        for j, copy in enumerate(copies):
+            if _same_bits(original, copy):
+                reruns[j][slot] = d
+                continue
+            reruns[j][slot] = dg.digest_numpy(copy)
+            kept[f"{ev.seq}:{slot}"] = np.array(original)  # the buffers are TensorFlow's
+            for m, c in enumerate(copies, start=1):
+                kept[f"{ev.seq}:{slot}@{m}"] = np.array(c)
+    if k:
+        ev.reruns = reruns
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.itemsize == 0 or not a.size:
+        return True
+    return bool(
+        np.array_equal(
+            np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+        )
+    )
+
+
+def _rerun_digests(
+    op: OpInfo,
+    ev: Event,
+    slots: list[int],
+    k: int,
+    payload: tuple[np.ndarray, ...],
+    kept: dict[str, np.ndarray],
+) -> list[list[dg.Digest | None]]:
+    """The copies' digests from their payload: per output, the original's bytes and each
+    copy's, all empty unless some copy differed (see _rerun_payload). The bytes of a divergent
+    output are kept as values, to measure the divergence with no second pass."""
+    import tensorflow as tf
+
+    reruns: list[list[dg.Digest | None]] = [list(ev.digests) for _ in range(k)]
+    for i, slot in enumerate(slots):
+        original, *copies = payload[i * (k + 1) : (i + 1) * (k + 1)]
+        if not original.size:
+            continue  # every copy equalled the original
+        dtype = tf.as_dtype(op.dtypes[slot]).as_numpy_dtype
+        kept[f"{ev.seq}:{slot}"] = np.frombuffer(original.tobytes(), dtype)
+        for j, data in enumerate(copies, start=1):
+            if data.size:
+                reruns[j - 1][slot] = dg.digest_numpy(data)
+                kept[f"{ev.seq}:{slot}@{j}"] = np.frombuffer(data.tobytes(), dtype)
+            else:
+                kept[f"{ev.seq}:{slot}@{j}"] = kept[f"{ev.seq}:{slot}"]
+    return reruns
+
+
+def _unpack(values: list[list[int]], mask: list[bool]) -> list[dg.Digest | None]:
+    it = iter(values)
     return [tuple(next(it)) if readable else None for readable in mask]
 
 
@@ -397,6 +522,29 @@ def _dtype_attr(attrs: Any) -> Any:
     if value is None:
         return None
     return tf.as_dtype(getattr(value, "type", value))
+
+
+def _op_def(op_type: str) -> Any:
+    from tensorflow.python.framework import op_def_registry
+
+    return op_def_registry.get(op_type)
+
+
+def _rerun_blocker(
+    op_type: str, stateful: bool, n_inputs: int, out_digests: list[Any], writes: bool
+) -> str:
+    """Why an op is not re-executed in rerun mode ("" if it is): running a stateful op again
+    would change the state the step goes on with (a random generator, a variable, an
+    iterator), so only repeated steps can compare those."""
+    if stateful or writes:
+        return "stateful"
+    if op_type in _CALL_OPS or _FUNCTION_CALL.match(op_type):
+        return RERUN_INNER
+    if not n_inputs:
+        return "no inputs"
+    if not any(d is not None for d in out_digests):
+        return "no readable output"
+    return ""
 
 
 def _reads_or_writes_variable(op_type: str) -> bool:
@@ -606,6 +754,9 @@ def _instrument_graph_op(
         return
     cache = REGISTRY.graph_digests.setdefault(graph, {})
     alias = ALIAS_OPS.get(op_type, -1)
+    host = bool(rec.rerun) and _on_host(outputs[0].device if outputs else "")
+    if alias != -1 and host:
+        return  # rerun mode on the host digests no inputs: nothing to pass through
     if alias != -1:
         # Pass-through: consumers see the producer's digest; nothing runs.
         for i, out in enumerate(outputs):
@@ -613,7 +764,10 @@ def _instrument_graph_op(
             if src is not None:
                 cache[out.name] = _digest_tensor_in_graph(graph, src)
         return
-    op = outputs[0].op if outputs else graph.get_operation_by_name(op_name)
+    op = outputs[0].op if outputs else None
+    if (op is None or _as_str(op.type) != op_type) and op_name:
+        # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
+        op = graph.get_operation_by_name(op_name)
     out_tensors = list(outputs)
     note = ""
     written = _written_value(op_type, inputs) if not out_tensors else None
@@ -631,10 +785,32 @@ def _instrument_graph_op(
     if op_type in ("Const", "Placeholder") and not note:
         # Constants are fixed by the graph; placeholders are digested by their consumers.
         return
-    in_digests = [_digest_tensor_in_graph(graph, t) for t in inputs]
-    out_digests = [_digest_tensor_in_graph(graph, t) for t in out_tensors]
-    readable_out = [d for d in out_digests if d is not None]
+    if host:
+        # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
+        out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
+        in_digests: list[Any] = []
+        readable_out: list[Any] = []
+    else:
+        in_digests = [_digest_tensor_in_graph(graph, t) for t in inputs]
+        out_digests = [_digest_tensor_in_graph(graph, t) for t in out_tensors]
+        readable_out = [d for d in out_digests if d is not None]
     readable_in = [d for d in in_digests if d is not None]
+    stateful = bool(op._is_stateful) if hasattr(op, "_is_stateful") else False
+    blocker = ""
+    payload: list[Any] = []
+    copies = 0
+    if rec.rerun:
+        blocker = _rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
+        dups = [] if blocker else _duplicates(graph, op, inputs, rec.rerun)
+        copies = len(dups)
+        for slot, (t, d) in enumerate(zip(out_tensors, out_digests, strict=False)):
+            if d is None:
+                continue
+            again = [dup.outputs[slot] for dup in dups]
+            if host:
+                payload += [t, *again]
+            elif dups:
+                payload += _rerun_payload(t, again)
     op_id = REGISTRY.new_id()
     base = f"{_graph_key(graph)}/{_UID_IN_NAME.sub('', op.name)}"
     seen = REGISTRY.graph_keys.setdefault(graph, {})
@@ -652,9 +828,10 @@ def _instrument_graph_op(
         dtypes=[t.dtype.name for t in out_tensors],
         shapes=[t.shape.as_list() if t.shape.rank is not None else None for t in out_tensors],
         digestible=[d is not None for d in out_digests],
-        stateful=bool(op._is_stateful) if hasattr(op, "_is_stateful") else False,
+        stateful=stateful,
         attrs=_interesting_attrs(attrs),
         note=note,
+        rerun=blocker,
         resource=(
             f"{_graph_key(graph)}:{inputs[0].name}"
             if inputs and _reads_or_writes_variable(op_type)
@@ -663,6 +840,8 @@ def _instrument_graph_op(
     )
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info
+        if payload:
+            REGISTRY.reruns[op_id] = (copies, host)
     if op_type in ("StatefulPartitionedCall", "PartitionedCall"):
         f = _attr(attrs, "f")
         fname = _as_str(getattr(f, "name", "")) if f is not None else ""
@@ -672,10 +851,10 @@ def _instrument_graph_op(
                 f"Graph {graph.name} calls function {fname}, traced before nddebug.trace(): its "
                 "inner ops are not recorded, only its outputs.",
             )
-    if not readable_out and not readable_in:
+    if not readable_out and not readable_in and not payload:
         return
-    captured = []
-    if rec.capture and key in rec.capture:
+    captured = payload
+    if rec.capture and key in rec.capture and not payload:
         captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
 
     with tf.name_scope("nddebug"):
@@ -685,25 +864,96 @@ def _instrument_graph_op(
         tf.numpy_function(_receive, args, Tout=[], stateful=True)
 
 
+def _duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
+    """k copies of ``op`` on the very same input tensors, for rerun mode. Nothing consumes
+    them but their digests, so the graph computes what it computed before. Each copy waits
+    for the previous one (control edge) and differs from it by an attribute, so grappler's
+    common-subexpression elimination cannot merge them back into one."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    cache = REGISTRY.graph_digests.setdefault(graph, {})
+    name = f"<rerun>{op.name}"
+    if name in cache:
+        return cache[name]
+    attrs = {k_: op.node_def.attr[k_] for k_ in op.node_def.attr}
+    dups = []
+    prev = op
+    for j in range(1, k + 1):
+        attrs["_nddebug_rerun"] = attr_value_pb2.AttrValue(i=j)
+        with graph.control_dependencies([prev]), graph.name_scope("nddebug"):
+            # Graph.create_op, the public spelling, is deprecated and warns on every call.
+            dup = graph._create_op_internal(
+                op.type,
+                list(inputs),
+                [t.dtype for t in op.outputs],
+                attrs=dict(attrs),
+                name=f"rerun{j}_{op.name.rsplit('/', 1)[-1]}",
+            )
+        if op.device:
+            dup._set_device(op.device)
+        dups.append(dup)
+        prev = dup
+    cache[name] = dups
+    return dups
+
+
+_WORD = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+def _on_host(device: str) -> bool:
+    """Whether a graph op's outputs live in host memory, where the host reads them for free."""
+    if device:
+        return "CPU" in device.upper()
+    return not dg.gpu_present()
+
+
+def _rerun_payload(original: Any, copies: list[Any]) -> list[Any]:
+    """What the host needs to compare an output with its copies' outputs: the bytes of the
+    original and of each copy, sliced to nothing unless some copy differs. A bitwise compare
+    is a few ops where a digest per copy is tens, and a divergent op (rare) brings its values
+    along, to be measured."""
+    import tensorflow as tf
+
+    with tf.name_scope("nddebug"):
+        word = _WORD.get(original.dtype.size) if original.dtype != tf.bool else None
+
+        def bits(t: Any) -> Any:
+            return tf.bitcast(t, word) if word and t.dtype != word else dg.byte_view(t)
+
+        a = bits(original)
+        differs = [tf.reduce_any(tf.not_equal(a, bits(c))) for c in copies]
+        raw = [dg.byte_view(t) for t in (original, *copies)]
+        length = tf.size(raw[0])
+        any_differs = tf.cast(tf.reduce_any(tf.stack(differs)), tf.int32)
+        out = [raw[0][: length * any_differs]]
+        out += [r[: length * tf.cast(d, tf.int32)] for r, d in zip(raw[1:], differs, strict=True)]
+    return out
+
+
 # ---------------------------------------------------------------------- public entry point
 
 
 @contextlib.contextmanager
-def trace(label: str = "", path: str | None = None) -> Iterator[Recording]:
+def trace(label: str = "", path: str | None = None, rerun: int = 0) -> Iterator[Recording]:
     """Record every TensorFlow op executed in the block.
 
     ``with nddebug.trace() as rec:`` gives the :class:`Recording`, filled when the block ends;
-    with ``path`` the run is also appended to that recording file.
+    with ``path`` the run is also appended to that recording file. With ``rerun=k`` every
+    stateless op also runs k more times on its own inputs (eagerly at once; in graphs as
+    copies of the node), and ``nddebug.compare([rec])`` reports the ops whose re-executions
+    differ: kernel non-determinism found in a single step, with no state to restore.
     """
+    if rerun < 0:
+        raise ValueError(f"rerun must be a number of extra executions >= 0, got {rerun}")
     from nddebug import environment
 
     # `nddebug run` asks every trace block of the script it runs to save into one file.
     if path is None and os.environ.get(RECORD_ENV):
         path = os.environ[RECORD_ENV]
         label = label or os.environ.get(LABEL_ENV, "")
-    rec = Recording(label=label, digest_algorithm=dg.ALGORITHM)
+    rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
     rec.environment = environment.capture()
-    recorder = Recorder(rec)
+    recorder = Recorder(rec, rerun=rerun)
     recorder.start()
     try:
         yield rec

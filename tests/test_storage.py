@@ -136,6 +136,7 @@ def synthetic(label: str = "synthetic", n_events: int = 6, seq0: int = 0) -> Rec
         note="value of the variable after this update",
         resource="dense/kernel:0",
         function="instrumented",
+        rerun="stateful",
     )
     rec.ops[3] = OpInfo(
         op_id=3,
@@ -164,6 +165,7 @@ def synthetic(label: str = "synthetic", n_events: int = 6, seq0: int = 0) -> Rec
                     digests=[(i, -i), (0, 0)],
                     inputs=[(-1, 1), (2**63 - 1, 0)],
                     shapes=[[], [2, 3]],
+                    reruns=[[(i, -i), None], [(i + 1, 2**63 - 1), (0, 0)]],
                 )
             )
     return rec

@@ -40,9 +40,19 @@ def short_location(location: str, width: int = 44) -> str:
 
 def render(report: Report) -> str:
     s = report.summary
+    if s["mode"] == "rerun":
+        head = (
+            f"nddebug: {s['verdict']} — one step, each stateless op executed {s['runs']} times "
+            f"on the same inputs, {s['ops_traced']} ops traced, "
+            f"{s['op_executions_per_run']} op executions"
+        )
+    else:
+        head = (
+            f"nddebug: {s['verdict']} — {s['runs']} runs, {s['ops_traced']} ops traced, "
+            f"{s['op_executions_per_run']} op executions per run"
+        )
     lines = [
-        f"nddebug: {s['verdict']} — {s['runs']} runs, {s['ops_traced']} ops traced, "
-        f"{s['op_executions_per_run']} op executions per run",
+        head,
         f"  mode: {s['mode']} ({report.mode_note})" if report.mode_note else f"  mode: {s['mode']}",
         f"  TensorFlow {s['tensorflow']} on {s['devices'] or '?'}; "
         f"op determinism {'on' if s['op_determinism'] else 'off'}",

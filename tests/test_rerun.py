@@ -1,0 +1,175 @@
+"""Rerun mode: every stateless op runs again on its own inputs, within one step.
+
+The crop step is the real CPU race of test_culprit_crop_and_resize (58 of 60 kernel runs gave
+distinct results at these sizes): with three re-executions, all four agreeing has odds far
+below 1e-6.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug import storage
+from nddebug.examples import mnist_cnn
+from nddebug.examples.detection import make_step
+from nddebug.state import collect_variables
+from tests.helpers import variables_bytes
+
+
+def _crop_inputs(boxes: int = 1024) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.random((2, 32, 32, 3), dtype=np.float32))
+    centre = rng.uniform(0.35, 0.65, size=(boxes, 2))
+    half = rng.uniform(0.15, 0.3, size=(boxes, 2))
+    box_coords = tf.constant(np.concatenate([centre - half, centre + half], axis=1), tf.float32)
+    box_index = tf.constant(rng.integers(0, 2, size=boxes), tf.int32)
+    return images, box_coords, box_index
+
+
+def test_rerun_check_finds_the_crop_culprit_in_one_step() -> None:
+    step, args, state = make_step()
+    before = variables_bytes(state[:2])
+    report = nddebug.check(step, *args, mode="rerun", rerun=3, state=state, advance=False)
+    assert report.mode == "rerun" and not report.ok
+    # A source by construction, and nothing downstream can differ: every copy read the
+    # original inputs.
+    assert list(report.culprits["op_type"]) == ["CropAndResizeGradImage"], str(report)
+    row = report.sources.iloc[0]
+    assert row["distinct_outputs"] >= 2 and row["max_ulp"] >= 1 and row["max_abs_diff"] > 0
+    assert "enable_op_determinism" in row["fix"]
+    # One traced step: the step's recording and one capture run, no repeats of the step.
+    assert len(report.recordings) == 1 and report.recordings[0].kind == "rerun"
+    assert report.summary["runs"] == 4
+    # Variable updates are stateful: not re-executed, and the report says so.
+    assert "stateful" in report.not_covered
+    assert "AssignVariableOp" in report.not_covered["stateful"] or any(
+        "Assign" in t for t in report.not_covered["stateful"]
+    )
+    assert "cannot see stateful ops" in report.mode_note and "AssignSub" in report.mode_note
+    text = str(report)
+    assert "each stateless op executed 4 times" in text and "CropAndResizeGradImage" in text
+    assert variables_bytes(state[:2]) == before  # advance=False leaves the state as it was
+
+
+def test_rerun_on_the_seed000_cnn_reports_nothing_and_leaves_one_step() -> None:
+    x, y = mnist_cnn.make_data(128)
+    checked, plain = mnist_cnn.make_model(0), mnist_cnn.make_model(0)
+    report = nddebug.check(checked.train_on_batch, x, y, mode="rerun", rerun=1, state=checked)
+    assert report.ok, str(report)
+    rec = report.recordings[0]
+    rerun_types = {rec.ops[ev.op_id].op_type for ev in rec.events if ev.reruns}
+    # The copies really ran: forward, backward and optimizer maths were re-executed.
+    assert {"Conv2D", "Conv2DBackpropFilter", "BiasAddGrad", "MatMul"} <= rerun_types
+    assert "ReadVariableOp" in report.not_covered.get("stateful", [])
+    plain.train_on_batch(x, y)
+    assert variables_bytes(collect_variables(checked)) == variables_bytes(collect_variables(plain))
+
+
+def test_eager_rerun_in_trace_measures_and_lists_unseeded_random_op(tmp_path) -> None:
+    images, box_coords, box_index = _crop_inputs()
+    with nddebug.trace(rerun=3) as rec:
+        noise = tf.random.uniform([3])  # stateful: never re-executed
+        with tf.GradientTape() as tape:
+            tape.watch(images)
+            crops = tf.image.crop_and_resize(images, box_coords, box_index, crop_size=(14, 14))
+            loss = tf.reduce_sum(crops * crops)
+        grad = tape.gradient(loss, images)
+        _ = tf.reduce_sum(grad) + tf.reduce_sum(noise)
+    assert rec.kind == "rerun"
+    report = nddebug.compare([rec])
+    assert report.mode == "rerun"
+    assert list(report.culprits["op_type"]) == ["CropAndResizeGradImage"], str(report)
+    # Eager re-executions keep the divergent values as they go: magnitudes with no second pass.
+    assert report.sources.iloc[0]["max_abs_diff"] > 0
+    assert report.not_covered == {"stateful": ["RandomUniform"]}
+
+    # The recording, re-executions included, survives a save and load.
+    path = str(tmp_path / "rerun.nddebug")
+    rec.save(path)
+    (loaded,) = nddebug.load(path)
+    assert loaded.kind == "rerun"
+    assert [ev.reruns for ev in loaded.events] == [ev.reruns for ev in rec.events]
+    again = nddebug.compare([loaded])
+    assert list(again.sources["op_type"]) == ["CropAndResizeGradImage"]
+
+
+def test_rerun_of_a_deterministic_graph_is_ok_and_copies_are_not_merged() -> None:
+    @tf.function
+    def f(a: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.matmul(a, a) * 2.0, axis=0)
+
+    a = tf.constant(np.random.default_rng(1).random((64, 64), dtype=np.float32))
+    with nddebug.trace(rerun=2) as rec:
+        f(a)
+    report = nddebug.compare([rec])
+    assert report.ok, str(report)
+    assert report.summary["runs"] == 3
+    covered = {rec.ops[ev.op_id].op_type for ev in rec.events if ev.reruns}
+    assert {"MatMul", "Mul", "Sum"} <= covered
+    # Each copy is its own node in the graph the function runs (grappler did not fold them).
+    graph = f.get_concrete_function(a).graph
+    copies = [op for op in graph.get_operations() if "_nddebug_rerun" in op.node_def.attr]
+    assert {op.type for op in copies} >= {"MatMul", "Mul", "Sum"}
+
+
+def test_rerun_bad_input_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match="rerun"):
+        with nddebug.trace(rerun=-1):
+            pass
+    with pytest.raises(ValueError, match="mode"):
+        nddebug.check(lambda: None, mode="replay")
+    with pytest.raises(ValueError, match="rerun"):
+        nddebug.check(lambda: None, mode="rerun", rerun=0)
+    with nddebug.trace(rerun=1) as rec:
+        tf.random.uniform([4])  # only a stateful op: nothing was re-executed
+    with pytest.raises(nddebug.NotComparableError, match="no re-executed op"):
+        nddebug.compare([rec])
+    with nddebug.trace(rerun=1) as a:
+        tf.reduce_sum(tf.ones([3]) * 2.0)
+    with nddebug.trace(rerun=1) as b:
+        tf.reduce_sum(tf.ones([3]) * 2.0)
+    with pytest.raises(nddebug.NotComparableError, match="one at a time"):
+        nddebug.compare([a, b])
+
+
+def test_a_version_1_file_gets_the_new_table_when_appended_to(tmp_path) -> None:
+    path = str(tmp_path / "old.nddebug")
+    with nddebug.trace() as plain:
+        tf.reduce_sum(tf.ones([3]) * 2.0)
+    plain.save(path)
+    with sqlite3.connect(path) as con:  # as nddebug 0.1 wrote it
+        con.execute("DROP TABLE reruns")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'format_version'")
+    assert [r.run_id for r in nddebug.load(path)] == [plain.run_id]
+    with nddebug.trace(rerun=1) as rerun:
+        tf.reduce_sum(tf.ones([3]) * 2.0)
+    rerun.save(path)
+    with sqlite3.connect(path) as con:
+        version = con.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+    assert version == (str(storage.FORMAT_VERSION),)
+    loaded = nddebug.load(path)
+    assert [r.kind for r in loaded] == ["run", "rerun"]
+    assert any(ev.reruns for ev in loaded[1].events)
+
+
+def test_device_path_compares_in_the_graph(monkeypatch) -> None:
+    """On a GPU the outputs are not in host memory: each copy is compared in the graph and
+    only a divergent output's bytes travel to the host. Run that path here, on the CPU."""
+    from nddebug import tracer
+
+    monkeypatch.setattr(tracer, "_on_host", lambda device: False)
+    step, args, state = make_step()
+    report = nddebug.check(step, *args, mode="rerun", rerun=3, state=state, advance=False)
+    assert list(report.culprits["op_type"]) == ["CropAndResizeGradImage"], str(report)
+    row = report.sources.iloc[0]
+    assert row["max_abs_diff"] > 0 and row["distinct_outputs"] >= 2
+    rec = report.recordings[0]
+    # Real digests of the originals, computed in the graph, and inputs proven identical.
+    crop = next(ev for ev in rec.events if rec.ops[ev.op_id].op_type == "CropAndResizeGradImage")
+    assert crop.inputs and all(d is not None for d in crop.digests)
+    assert len(crop.reruns) == 3
