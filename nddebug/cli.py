@@ -1,6 +1,7 @@
 """The `nddebug` command: run a script in fresh processes, re-render, diff, look up culprits.
 
-Exit codes a CI job can use: 0 reproducible, 1 culprits found, 2 usage or input error.
+Exit codes a CI job can use: 0 reproducible, 1 culprits found, 2 usage or input error
+(`census`: 0 measured, 2 usage error, 130 interrupted).
 Every command is a thin layer over recordings, analysis and renderers.
 """
 
@@ -84,6 +85,36 @@ def _parser() -> argparse.ArgumentParser:
 
     ops = sub.add_parser("ops", help="search the knowledge base of known culprits")
     ops.add_argument("filter", nargs="?", default="", help="text to look for (any column)")
+
+    census = sub.add_parser(
+        "census",
+        help="measure which ops are deterministic here, with and without op determinism",
+        description=(
+            "Runs every op of the census catalogue (the knowledge base's ops and the common "
+            "training ops, forward and backward, at a few sizes) repeatedly with "
+            "bitwise-identical inputs on one device, with and without op determinism (each "
+            "in a fresh worker process), and compares the result with the knowledge base. "
+            "The full CPU census takes a few minutes; progress goes to standard error."
+        ),
+    )
+    census.add_argument("--device", help="CPU, GPU or GPU:1 (default: the first GPU, else CPU)")
+    census.add_argument(
+        "--ops", default="", help="comma-separated op types to measure (default: all; see --list)"
+    )
+    census.add_argument("--repeats", type=int, default=10, help="runs per case (default 10)")
+    census.add_argument("--determinism", choices=["off", "on", "both"], default="both")
+    census.add_argument("--format", choices=["text", "html", "csv", "json"], default="text")
+    census.add_argument("-o", "--output", help="write the table here instead of standard output")
+    census.add_argument(
+        "--save",
+        metavar="FILE",
+        help="write every row as soon as it is measured (FILE.csv: CSV, else JSON lines); "
+        "survives an interrupted census",
+    )
+    census.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds one case may take (default 300)"
+    )
+    census.add_argument("--list", action="store_true", help="list the catalogue and exit")
     return p
 
 
@@ -91,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return {"run": _run, "report": _report, "diff": _diff, "ops": _ops}[args.command](args)
+        commands = {"run": _run, "report": _report, "diff": _diff, "ops": _ops, "census": _census}
+        return commands[args.command](args)
     except (NddebugError, OSError) as exc:
         if args.debug:
             raise
@@ -271,6 +303,58 @@ def _ops(args: argparse.Namespace) -> int:
     rows = [[str(r[c])[:70] if c == "fix" else r[c] for c in cols] for _, r in df.iterrows()]
     print(tabulate(rows, headers=cols, tablefmt="simple"))
     return OK
+
+
+INTERRUPTED = 130
+
+
+def _census(args: argparse.Namespace) -> int:
+    import warnings
+
+    from tabulate import tabulate
+
+    from nddebug.census import census, to_text
+    from nddebug.census_cases import CASES, cases
+
+    ops = [name.strip() for name in args.ops.split(",") if name.strip()] or None
+    if args.list:
+        try:
+            chosen = cases(ops) if ops else CASES
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        rows = [[c.op_type, c.pass_, c.api, c.size, c.skip or ""] for c in chosen]
+        print(tabulate(rows, headers=["op type", "pass", "TF call", "size", "not measured"]))
+        return OK
+    settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.determinism]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # said below, in the CLI's words
+        df = census(
+            device=args.device,
+            ops=ops,
+            repeats=args.repeats,
+            determinism=settings,
+            path=args.save,
+            timeout=args.timeout,
+        )
+    interrupted = bool(df.attrs.get("interrupted"))
+    if interrupted:
+        kept = f"{len(df)} measurement(s) kept" + (f", also in {args.save}" if args.save else "")
+        print(f"nddebug: census interrupted: {kept}", file=sys.stderr)
+    if args.format == "csv":
+        text = df.to_csv(index=False)
+    elif args.format == "json":
+        text = json.dumps(
+            {"interrupted": interrupted, "rows": json.loads(df.to_json(orient="records"))},
+            indent=2,
+        )
+    elif args.format == "html":
+        text = "<!doctype html><meta charset='utf-8'><title>nddebug census</title>\n" + df.to_html(
+            index=False, na_rep=""
+        )
+    else:
+        text = to_text(df) if len(df) else "Nothing was measured."
+    _emit(text, args.output)
+    return INTERRUPTED if interrupted else OK
 
 
 if __name__ == "__main__":

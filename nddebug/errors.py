@@ -19,3 +19,7 @@ class NotComparableError(NddebugError):
 
 class TraceError(NddebugError):
     """A trace cannot start, e.g. inside another trace."""
+
+
+class CensusError(NddebugError, ValueError):
+    """Bad census arguments (unknown op type, device, repeats), or no worker could start."""
