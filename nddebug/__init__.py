@@ -13,8 +13,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from nddebug.census import census
 from nddebug.check import assert_deterministic, check, compare, load
+from nddebug.emulate import emulate_gpu, emulated_op_types
 from nddebug.errors import (
+    CensusError,
     EmptyTraceError,
     NddebugError,
     NotComparableError,
@@ -26,18 +29,22 @@ from nddebug.recording import Recording
 from nddebug.report import Report
 
 
-def trace(label: str = "", path: str | None = None, rerun: int = 0) -> Any:
+def trace(
+    label: str = "", path: str | None = None, rerun: int = 0, emulate_gpu: bool = False
+) -> Any:
     """Record every TensorFlow op run in the block: ``with nddebug.trace() as rec: step()``.
 
-    With ``rerun=k`` every stateless op also runs k more times on its own inputs. See
+    With ``rerun=k`` every stateless op also runs k more times on its own inputs; with
+    ``emulate_gpu`` the block rehearses a GPU (:func:`nddebug.emulate_gpu`). See
     :func:`nddebug.tracer.trace`.
     """
     from nddebug.tracer import trace as _trace
 
-    return _trace(label=label, path=path, rerun=rerun)
+    return _trace(label=label, path=path, rerun=rerun, emulate_gpu=emulate_gpu)
 
 
 __all__ = [
+    "CensusError",
     "EmptyTraceError",
     "NddebugError",
     "NotComparableError",
@@ -46,9 +53,23 @@ __all__ = [
     "Report",
     "TraceError",
     "assert_deterministic",
+    "census",
     "check",
     "compare",
+    "emulate_gpu",
+    "emulated_op_types",
     "known_ops",
     "load",
     "trace",
 ]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nddebug``: register the ``%%nddebug`` cell magic (see :mod:`nddebug.magic`).
+
+    Defined here so that the extension's name is simply ``nddebug``; IPython itself is
+    imported only when the extension is loaded.
+    """
+    from nddebug.magic import load_ipython_extension as load
+
+    load(ipython)

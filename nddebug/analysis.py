@@ -18,7 +18,7 @@ from typing import Any
 
 from nddebug import knowledge
 from nddebug.errors import EmptyTraceError, NotComparableError
-from nddebug.recording import RERUN_INNER, Event, OpInfo, Recording
+from nddebug.recording import CALL_OPS, RERUN_INNER, Event, OpInfo, Recording
 
 # A unit is one op execution identified across runs: (eager index in run 0, key, occurrence).
 Unit = tuple[int, str, int]
@@ -283,8 +283,14 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         )
     _state_propagation(findings, ref_seq)
     _entry_point(findings)
+    if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
+        # A loop, branch or call returns what its body computed: the body's source explains it.
+        for f in findings:
+            if f.role == "source" and f.op.op_type in CALL_OPS:
+                f.role = "propagated"
+    device = recordings[0].environment.get("emulated_device", "")
     for f in findings:
-        _explain(f)
+        _explain(f, device)
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -302,6 +308,13 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 f.role = "propagated"
         findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
     warnings = sorted({w for r in recordings for w in r.warnings})
+    emulated = recordings[0].environment.get("emulated_device", "")
+    if emulated:
+        warnings.append(
+            f"Recorded under nddebug.emulate_gpu(): the advice is for a {emulated}, and the "
+            "emulated ops' divergence is the emulation's (reordered accumulation), found by "
+            "measurement like any other."
+        )
     return Comparison(
         runs=len(recordings),
         ops_traced=len({op.key for r in recordings for op in r.ops.values()}),
@@ -396,10 +409,12 @@ _RANDOM_HINTS = ("Random", "Multinomial", "Stateful", "TruncatedNormal", "RngRea
 _PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue")
 
 
-def _explain(f: OpFinding) -> None:
-    """Attach the knowledge-base entry, the kind and a plain-words reason."""
+def _explain(f: OpFinding, device: str = "") -> None:
+    """Attach the knowledge-base entry, the kind and a plain-words reason. ``device`` stands
+    in for the ops' own device when the run emulated another (nddebug.emulate_gpu)."""
     op = f.op
-    f.culprit = knowledge.lookup(op.op_type, op.device)
+    device = device or op.device
+    f.culprit = knowledge.lookup(op.op_type, device)
     if f.role == "control flow":
         f.kind = "control flow"
         f.explanation = "ran in some runs and not in others: the runs took different paths"
@@ -408,8 +423,8 @@ def _explain(f: OpFinding) -> None:
         f.kind = f.culprit.kind if f.culprit else "numerical"
         if op.op_type == "VariableState":
             f.explanation = "the variable's value after the step: changed by the ops above"
-        elif op.function:
-            f.explanation = "a tf.function call: it returns what the ops inside it computed"
+        elif op.function or op.op_type in CALL_OPS:
+            f.explanation = "a call, loop or branch: it returns what the ops inside it computed"
         elif op.op_type == "ReadVariableOp":
             f.explanation = "reads a variable that a divergent update wrote"
         else:
@@ -440,7 +455,7 @@ def _explain(f: OpFinding) -> None:
         return
     on_its_device = f.culprit is not None and f.culprit.device in (
         "any",
-        knowledge.device_kind(op.device),
+        knowledge.device_kind(device),
     )
     if op.note == "value of the variable after this update" and not on_its_device:
         f.culprit = None  # an entry for another device would give the wrong advice

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ def check(
     advance: bool = True,
     mode: str = "repeat",
     rerun: int = 1,
+    emulate_gpu: bool = False,
     **kwargs: Any,
 ) -> Report:
     """Run ``fn(*args, **kwargs)`` ``repeats`` times under :func:`nddebug.trace` and compare.
@@ -58,6 +60,9 @@ def check(
     stateless op runs ``rerun`` more times on its own inputs, and an op whose re-executions
     differ is a source. One step, no repeats, but it cannot see stateful ops, races between
     ops or input-pipeline order (the report says so); ``repeats`` is not used.
+
+    With ``emulate_gpu`` the traced runs rehearse a GPU (:func:`nddebug.emulate_gpu`); the
+    final ordinary step does not, so training goes on at the CPU's speed and results.
 
     Finally the state is restored once more and ``fn`` runs once, uninstrumented: the user's
     training continues exactly as if check() had been one ordinary step. With
@@ -95,8 +100,13 @@ def check(
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)
         return rec
 
+    from nddebug.emulate import emulate_gpu as emulation
+
     try:
-        with st.fresh_keras_functions(models, warnings):
+        with (
+            emulation() if emulate_gpu else contextlib.nullcontext(),
+            st.fresh_keras_functions(models, warnings),
+        ):
             step = _fresh(fn, warnings)
             warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
             if keeper.unreadable:

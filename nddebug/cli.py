@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
         help="set TF_DETERMINISTIC_OPS=1 in the runs (test whether op determinism fixes it)",
     )
     run.add_argument(
+        "--emulate-gpu",
+        action="store_true",
+        help="run the script's trace() blocks under nddebug.emulate_gpu() (rehearse a GPU)",
+    )
+    run.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="extra variables"
     )
     run.add_argument("-o", "--output", help="also save every run's recording to this file")
@@ -188,7 +193,7 @@ def _hashseed(option: str, run: int) -> str | None:
 def _run(args: argparse.Namespace) -> int:
     from nddebug.check import compare
     from nddebug.storage import load, save
-    from nddebug.tracer import LABEL_ENV, RECORD_ENV
+    from nddebug.tracer import EMULATE_ENV, LABEL_ENV, RECORD_ENV
 
     if args.runs < 2:
         raise UsageError(f"-n must be at least 2 to compare runs, got {args.runs}")
@@ -212,6 +217,8 @@ def _run(args: argparse.Namespace) -> int:
                 env["TF_DETERMINISTIC_OPS"] = "1"
             if args.all:
                 env["NDDEBUG_TRACE_ALL"] = "1"
+            if args.emulate_gpu:
+                env[EMULATE_ENV] = "1"
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             print(f"nddebug: run {i + 1}/{args.runs}: {args.script}", file=sys.stderr, flush=True)
             cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]

@@ -59,6 +59,10 @@ def capture() -> dict[str, Any]:
         "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
     }
     env["seeds"] = _seeds()
+    from nddebug import emulate
+
+    # Under nddebug.emulate_gpu() the report's advice is the GPU's: the run rehearses a GPU.
+    env["emulated_device"] = "GPU" if emulate.is_active() else ""
     return env
 
 

@@ -11,6 +11,19 @@ Digest = tuple[int, int]  # see nddebug.digest
 #: OpInfo.rerun of an op that runs other ops (a function call, a branch, a loop): it is covered
 #: by re-executing the ops inside it.
 RERUN_INNER = "function call or control flow (its inner ops are re-executed)"
+#: Graph ops that run other ops (function bodies, branches, loops): what they output, their
+#: inner ops computed. Rerun mode re-executes those inner ops, not the call, and a call whose
+#: outputs differ is not a source when an op inside it is.
+CALL_OPS = {
+    "PartitionedCall",
+    "StatefulPartitionedCall",
+    "If",
+    "StatelessIf",
+    "While",
+    "StatelessWhile",
+    "Case",
+    "StatelessCase",
+}
 
 
 @dataclass

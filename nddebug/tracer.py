@@ -27,7 +27,7 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug.errors import TraceError
-from nddebug.recording import RERUN_INNER, Event, OpInfo, Recording
+from nddebug.recording import CALL_OPS, RERUN_INNER, Event, OpInfo, Recording
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
 ALIAS_OPS = {
@@ -51,19 +51,8 @@ _WRITER = re.compile(
 )
 RECORD_ENV = "NDDEBUG_RECORD"  # set by `nddebug run` for the processes it starts
 LABEL_ENV = "NDDEBUG_LABEL"
+EMULATE_ENV = "NDDEBUG_EMULATE_GPU"  # set by `nddebug run --emulate-gpu`
 _FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
-# Ops that run other ops (function bodies, branches, loops): their inner ops are re-executed
-# one by one, so re-executing the whole call would only repeat that work.
-_CALL_OPS = {
-    "PartitionedCall",
-    "StatefulPartitionedCall",
-    "If",
-    "StatelessIf",
-    "While",
-    "StatelessWhile",
-    "Case",
-    "StatelessCase",
-}
 _UID_SUFFIX = re.compile(r"_\d+$")
 # Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
 # process, a second model); keys drop them and tell real duplicates apart by creation order.
@@ -538,7 +527,7 @@ def _rerun_blocker(
     iterator), so only repeated steps can compare those."""
     if stateful or writes:
         return "stateful"
-    if op_type in _CALL_OPS or _FUNCTION_CALL.match(op_type):
+    if op_type in CALL_OPS or _FUNCTION_CALL.match(op_type):
         return RERUN_INNER
     if not n_inputs:
         return "no inputs"
@@ -934,15 +923,25 @@ def _rerun_payload(original: Any, copies: list[Any]) -> list[Any]:
 
 
 @contextlib.contextmanager
-def trace(label: str = "", path: str | None = None, rerun: int = 0) -> Iterator[Recording]:
+def trace(
+    label: str = "", path: str | None = None, rerun: int = 0, emulate_gpu: bool = False
+) -> Iterator[Recording]:
     """Record every TensorFlow op executed in the block.
 
     ``with nddebug.trace() as rec:`` gives the :class:`Recording`, filled when the block ends;
     with ``path`` the run is also appended to that recording file. With ``rerun=k`` every
     stateless op also runs k more times on its own inputs (eagerly at once; in graphs as
     copies of the node), and ``nddebug.compare([rec])`` reports the ops whose re-executions
-    differ: kernel non-determinism found in a single step, with no state to restore.
+    differ: kernel non-determinism found in a single step, with no state to restore. With
+    ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`.
     """
+    if emulate_gpu or os.environ.get(EMULATE_ENV) == "1":
+        from nddebug import emulate
+
+        if not emulate.is_active():
+            with emulate.emulate_gpu(), trace(label, path, rerun) as rec:
+                yield rec
+            return
     if rerun < 0:
         raise ValueError(f"rerun must be a number of extra executions >= 0, got {rerun}")
     from nddebug import environment

@@ -99,3 +99,13 @@ def test_bad_input_is_one_clear_line_and_exit_two(args, message) -> None:
 def test_ops_searches_the_knowledge_base() -> None:
     result = nddebug("ops", "BiasAddGrad")
     assert result.returncode == 0 and "BiasAddGrad" in result.stdout and "GPU" in result.stdout
+
+
+def test_emulate_gpu_flag_rehearses_the_gpu_in_every_process() -> None:
+    script = os.path.join(SCRIPTS, "segment_step.py")
+    out = nddebug("run", "-n", "2", "--emulate-gpu", "--format", "json", script)
+    assert out.returncode == 1, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    sources = [c for c in report["culprits"] if c["role"] == "source"]
+    assert [c["op_type"] for c in sources] == ["UnsortedSegmentSum"], report
+    assert "deterministic" in sources[0]["fix"].lower()

@@ -54,3 +54,19 @@ def test_seeded_stateless_noise_is_reproducible() -> None:
     model = _model(stateless=True)
     report = nddebug.check(model.train_on_batch, *_data(), repeats=3, state=model)
     assert report.ok, str(report)
+
+
+def test_a_loop_around_the_random_op_is_not_a_second_source() -> None:
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        def body(i: tf.Tensor, acc: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            return i + 1, acc + tf.random.uniform([4])  # unseeded: differs every run
+
+        return tf.while_loop(lambda i, acc: i < 3, body, (tf.constant(0), x))[1]
+
+    report = nddebug.check(step, tf.zeros([4]), repeats=3)
+    assert list(report.sources["op_type"]) == ["RandomUniform"], str(report)
+    loop = report.culprits[report.culprits["op_type"].isin(["While", "StatelessWhile"])]
+    assert len(loop) == 1 and loop.iloc[0]["role"] == "propagated", str(report)
+    assert "returns what the ops inside it computed" in loop.iloc[0]["explanation"]
+    assert loop.iloc[0]["kind"] == "random"
