@@ -248,7 +248,6 @@ def _unimplemented(op_type: str, op_name: str) -> Exception:
 class _State(threading.local):
     def __init__(self) -> None:
         self.depth = 0
-        self.pending: tuple[Any, str, list[Any]] | None = None
 
 
 _local = _State()
@@ -329,17 +328,14 @@ def emulate_gpu() -> Iterator[None]:
         callbacks = context.context().op_callbacks
         callbacks.remove(_head)
         callbacks.insert(0, _head)  # before nddebug's tracer, whatever the nesting order
-        op_callbacks.add_op_callback(_tail)
     _local.depth += 1
     try:
         yield
     finally:
         _local.depth -= 1
         if outermost:
-            for callback in (_tail, _head):
-                if callback in context.context().op_callbacks:
-                    op_callbacks.remove_op_callback(callback)
-            _local.pending = None
+            if _head in context.context().op_callbacks:
+                op_callbacks.remove_op_callback(_head)
             with _lock:
                 _active_threads -= 1
                 if _active_threads == 0:
@@ -413,35 +409,7 @@ def _head(
         return outputs
     if replaced is None:
         return outputs
-    _ensure_tail_last()
-    _local.pending = (graph, op.name, replaced)
     return replaced
-
-
-def _tail(
-    op_type: Any,
-    inputs: Any,
-    attrs: Any,
-    outputs: Any,
-    op_name: str | None = None,
-    graph: Any = None,
-) -> Any:
-    """Last op callback: TensorFlow keeps the last callback's return value, and a callback in
-    between (nddebug's tracer, tfdbg) may return None, which would drop the replacement."""
-    pending, _local.pending = _local.pending, None
-    if outputs is None and pending is not None and graph is pending[0]:
-        return pending[2]
-    return outputs
-
-
-def _ensure_tail_last() -> None:
-    from tensorflow.python.eager import context
-
-    callbacks = context.context().op_callbacks
-    if _tail in callbacks and callbacks[-1] is not _tail:
-        # Safe during TF's loop over the list: _head runs before _tail's old position.
-        callbacks.remove(_tail)
-        callbacks.append(_tail)
 
 
 def _on_eager(op_type: str) -> None:

@@ -192,7 +192,7 @@ class Recorder:
         graph: Any = None,
     ) -> Any:
         if _busy():
-            return None
+            return outputs
         op_type = _as_str(op_type)
         with _inside_nddebug():
             try:
@@ -212,7 +212,9 @@ class Recorder:
                 self.recording.warnings.append(
                     f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
                 )
-        return None
+        # Pass the outputs on: TensorFlow hands the last callback's return value to the graph,
+        # and None would drop what an earlier callback (nddebug.emulate_gpu) put there.
+        return outputs
 
     # ------------------------------------------------------------------ eager ops
     def _digest_eager(self, tensor: Any) -> dg.Digest | None:
