@@ -26,8 +26,11 @@ def source_state() -> dict:
             return ""
 
     h = hashlib.sha256()
-    for name in ("tracer.py", "digest.py"):
-        with open(os.path.join(ROOT, "nddebug", name), "rb") as f:
+    package = os.path.join(ROOT, "nddebug")
+    tracer = os.path.join(package, "tracer")
+    sources = [os.path.join(tracer, n) for n in sorted(os.listdir(tracer)) if n.endswith(".py")]
+    for path in [*sources, os.path.join(package, "digest.py")]:
+        with open(path, "rb") as f:
             h.update(f.read())
     return {
         "commit": git("rev-parse", "--short", "HEAD"),

@@ -68,6 +68,7 @@ import nddebug  # noqa: E402
 from nddebug import digest as dg  # noqa: E402
 from nddebug import tracer  # noqa: E402
 from nddebug.examples import mnist_cnn  # noqa: E402
+from nddebug.tracer import eager as eager_hooks  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "profile_tracer.json")
 
@@ -91,7 +92,7 @@ def make_sink_step(model, collected: list, batched: bool) -> Callable:
             loss = tf.reduce_mean(loss_fn(y, pred))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
-        with tracer._inside_nddebug():
+        with tracer.inside_nddebug():
             if batched:
                 layout = [(op_id, o.shape[0], i.shape[0]) for op_id, o, i in collected]
                 outs = tf.concat([o for _, o, _ in collected], 0)
@@ -216,7 +217,7 @@ def _digest_eager_tf_kernel(tensor):
     return _ORIG_DIGEST_EAGER(tensor)
 
 
-_ORIG_DIGEST_EAGER = tracer.digest_eager_tensor
+_ORIG_DIGEST_EAGER = eager_hooks.digest_eager_tensor
 
 
 def eager_section(model, x, y, rounds: int, reps: int) -> dict:
@@ -229,12 +230,12 @@ def eager_section(model, x, y, rounds: int, reps: int) -> dict:
             step(x, y)
 
     def traced_tf_kernel() -> None:
-        tracer.digest_eager_tensor = _digest_eager_tf_kernel
+        eager_hooks.digest_eager_tensor = _digest_eager_tf_kernel
         try:
             with nddebug.trace():
                 step(x, y)
         finally:
-            tracer.digest_eager_tensor = _ORIG_DIGEST_EAGER
+            eager_hooks.digest_eager_tensor = _ORIG_DIGEST_EAGER
 
     big = tf.random.normal([1000, 100])
     for t in (x, y, big):  # the swap changes the speed, not the digest

@@ -160,9 +160,9 @@ def test_a_version_1_file_gets_the_new_table_when_appended_to(tmp_path) -> None:
 def test_device_path_compares_in_the_graph(monkeypatch) -> None:
     """On a GPU the outputs are not in host memory: each copy is compared in the graph and
     only a divergent output's bytes travel to the host. Run that path here, on the CPU."""
-    from nddebug import tracer
+    from nddebug.tracer import rerun
 
-    monkeypatch.setattr(tracer, "_on_host", lambda device: False)
+    monkeypatch.setattr(rerun, "on_host", lambda device: False)
     step, args, state = make_step()
     report = nddebug.check(step, *args, mode="rerun", rerun=3, state=state, advance=False)
     assert list(report.culprits["op_type"]) == ["CropAndResizeGradImage"], str(report)

@@ -1,0 +1,63 @@
+"""``nddebug.trace()``: the block that records one run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from nddebug import digest as dg
+from nddebug.recording import Recording
+from nddebug.tracer.recorder import Recorder
+
+RECORD_ENV = "NDDEBUG_RECORD"  # set by `nddebug run` for the processes it starts
+LABEL_ENV = "NDDEBUG_LABEL"
+EMULATE_ENV = "NDDEBUG_EMULATE_GPU"  # set by `nddebug run --emulate-gpu`
+
+
+@contextlib.contextmanager
+def trace(
+    label: str = "", path: str | None = None, rerun: int = 0, emulate_gpu: bool = False
+) -> Iterator[Recording]:
+    """Record every TensorFlow op executed in the block.
+
+    ``with nddebug.trace() as rec:`` gives the :class:`Recording`, filled when the block ends;
+    with ``path`` the run is also appended to that recording file. With ``rerun=k`` every
+    stateless op also runs k more times on its own inputs (eagerly at once; in graphs as
+    copies of the node), and ``nddebug.compare([rec])`` reports the ops whose re-executions
+    differ: kernel non-determinism found in a single step, with no state to restore. With
+    ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`.
+    """
+    if emulate_gpu or os.environ.get(EMULATE_ENV) == "1":
+        from nddebug import emulate
+
+        if not emulate.is_active():
+            with emulate.emulate_gpu(), trace(label, path, rerun) as rec:
+                yield rec
+            return
+    if rerun < 0:
+        raise ValueError(f"rerun must be a number of extra executions >= 0, got {rerun}")
+    from nddebug import environment
+
+    # `nddebug run` asks every trace block of the script it runs to save into one file.
+    if path is None and os.environ.get(RECORD_ENV):
+        path = os.environ[RECORD_ENV]
+        label = label or os.environ.get(LABEL_ENV, "")
+    rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
+    rec.environment = environment.capture()
+    recorder = Recorder(rec, rerun=rerun)
+    recorder.start()
+    try:
+        yield rec
+    except BaseException:
+        rec.status = "interrupted"
+        raise
+    finally:
+        recorder.stop()
+        if not rec.events:
+            rec.warnings.append(
+                "No TensorFlow op ran inside the block: nothing was recorded. Put the training "
+                "step itself (not only the model construction) inside nddebug.trace()."
+            )
+        if path is not None:
+            rec.save(path)

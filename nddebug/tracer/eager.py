@@ -1,0 +1,189 @@
+"""Eager ops: digested when the op callback sees them, in host memory when they live there.
+
+Eager executions are keyed by op type and user-code site (file name, line, function), so the
+same op matches across processes and machines. A tf.function call is an eager op too: the graph
+events that arrived while it ran are attributed to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nddebug import digest as dg
+from nddebug.recording import Event, OpInfo
+from nddebug.tracer import ops, rerun
+from nddebug.tracer.location import eager_location
+from nddebug.tracer.registry import REGISTRY, inside_nddebug
+
+
+def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
+    """Digest an eager tensor where it lives: host tensors in numpy (zero-copy view), device
+    tensors with TF kernels on the device."""
+    import tensorflow as tf
+
+    try:
+        dtype = tensor.dtype
+    except AttributeError:
+        return None
+    if not dg.digestible(dtype):
+        return None
+    device = getattr(tensor, "device", "") or ""
+    if "GPU" not in device.upper() and "TPU" not in device.upper():
+        try:
+            return dg.digest_numpy(tensor.numpy())
+        except (TypeError, ValueError, tf.errors.OpError):
+            pass
+    with tf.device(device or None):
+        fn = dg.eager_digest_fn(dtype, tuple(tensor.shape), dg.use_matmul_for(device))
+        values = fn(tensor).numpy()
+    return int(values[0]), int(values[1])
+
+
+def read_variable(handle: Any, dtype: Any) -> Any:
+    if dtype is None:
+        return None
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    try:
+        return gen_resource_variable_ops.read_variable_op(handle, dtype)
+    except Exception:  # noqa: BLE001 - a handle we cannot read is simply not digested
+        return None
+
+
+def _digest(rec: Any, tensor: Any) -> dg.Digest | None:
+    """An eager tensor's digest, computed once per tensor for the block."""
+    tid = getattr(tensor, "_id", None)
+    if tid is not None and tid in rec.eager_digests:
+        return rec.eager_digests[tid]
+    d = digest_eager_tensor(tensor)
+    if tid is not None:
+        rec.eager_digests[tid] = d
+    return d
+
+
+def _function_state(op_type: str) -> str:
+    if not ops.FUNCTION_CALL.match(op_type):
+        return ""
+    return "instrumented" if op_type in REGISTRY.instrumented_functions else "uninstrumented"
+
+
+def _resource(op_type: str, inputs: Any) -> str:
+    if not inputs or not ops.reads_or_writes_variable(op_type):
+        return ""
+    return f"eager:{getattr(inputs[0], '_id', '?')}"
+
+
+def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:
+    """Record one eager op execution (and, for a function call, the graph events it ran)."""
+    if op_type in ops.SKIP_OPS:
+        return
+    location, site = eager_location(rec.lib_dirs)
+    # TF names a function's call op after the function plus a process-specific number;
+    # the site is file name, line and function, so keys match across machines too.
+    key = f"eager:{ops.UID_SUFFIX.sub('', op_type)}@{site}"
+    alias = ops.ALIAS_OPS.get(op_type, -1)
+    if alias != -1:
+        for i, out in enumerate(outputs):
+            src = inputs[i if alias is None else alias] if inputs else None
+            if src is not None and getattr(out, "_id", None) is not None:
+                rec.eager_digests[out._id] = _digest(rec, src)
+        return
+    in_digests = [d for d in (_digest(rec, t) for t in inputs) if d is not None]
+    out_tensors = list(outputs)
+    note = ""
+    if not out_tensors and ops.WRITER.match(op_type) and inputs:
+        value = ops.written_value(op_type, inputs)
+        if value is None:
+            value = read_variable(inputs[0], ops.dtype_attr(attrs))
+        if value is not None:
+            out_tensors = [value]
+            note = "value of the variable after this update"
+    if not out_tensors and not in_digests:
+        return
+    out_digests = [_digest(rec, t) for t in out_tensors]
+    op_def = ops.op_def(op_type)
+    stateful = op_def is None or op_def.is_stateful
+    blocker = ""
+    if rec.rerun:
+        blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
+    op_id = rec.eager_sites.get(key)
+    if op_id is None:
+        op_id = REGISTRY.new_id()
+        rec.eager_sites[key] = op_id
+        device = out_tensors[0].device if out_tensors else ops.default_device()
+        rec.recording.ops[op_id] = OpInfo(
+            op_id=op_id,
+            key=key,
+            op_type=op_type,
+            op_name="",
+            graph="",
+            device=device or "",
+            location=location,
+            dtypes=[t.dtype.name for t in out_tensors],
+            shapes=[list(t.shape) for t in out_tensors],
+            digestible=[d is not None for d in out_digests],
+            stateful=op_def is not None and op_def.is_stateful,
+            attrs=ops.interesting_attrs(attrs),
+            note=note,
+            resource=_resource(op_type, inputs),
+            function=_function_state(op_type),
+            rerun=blocker,
+        )
+        if rec.recording.ops[op_id].function == "uninstrumented":
+            rec.recording.warnings.append(
+                f"Function {op_type} ran uninstrumented: it was traced before "
+                "nddebug.trace() was entered, so only its inputs and outputs are compared. "
+                "Create or first call the tf.function inside the block, or use "
+                "nddebug.check(), which retraces it."
+            )
+    seq = rec.next_seq()
+    ev = Event(
+        seq=seq,
+        op_id=op_id,
+        call=seq,
+        digests=out_digests,
+        inputs=in_digests,
+        shapes=[list(t.shape) for t in out_tensors],
+    )
+    capture = bool(rec.capture and key in rec.capture)
+    if capture:
+        for slot, t in enumerate(out_tensors):
+            if out_digests[slot] is not None:
+                rec.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
+    if rec.rerun and not blocker:
+        ev.reruns = rerun.rerun_eager(rec, op_type, inputs, attrs, out_tensors, ev, capture)
+    is_call = bool(ops.FUNCTION_CALL.match(op_type))
+    rec.append(ev, call_device=rec.recording.ops[op_id].device if is_call else None)
+
+
+def record_variables(rec: Any, variables: list[Any]) -> None:
+    """Digest the values of variables as pseudo-ops ("VariableState"), so a check compares
+    the state a step leaves even where the ops that wrote it were not recorded."""
+    with inside_nddebug():
+        for var in variables:
+            value = var.read_value() if hasattr(var, "read_value") else var
+            key = f"state:{var.name}"
+            op_id = rec.eager_sites.get(key)
+            if op_id is None:
+                op_id = rec.eager_sites[key] = REGISTRY.new_id()
+                rec.recording.ops[op_id] = OpInfo(
+                    op_id=op_id,
+                    key=key,
+                    op_type="VariableState",
+                    op_name=var.name,
+                    graph="",
+                    device=value.device or "",
+                    location="",
+                    dtypes=[value.dtype.name],
+                    shapes=[list(value.shape)],
+                    digestible=[True],
+                    note="value of the variable after the step",
+                    resource=key,
+                )
+            seq = rec.next_seq()
+            ev = Event(seq, op_id, seq, [_digest(rec, value)], [], [list(value.shape)])
+            if rec.capture and key in rec.capture:
+                rec.recording.values[f"{seq}:0"] = np.array(value.numpy())
+            rec.append(ev)

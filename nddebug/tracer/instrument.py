@@ -1,0 +1,201 @@
+"""Graph ops (``tf.function``, Keras train functions, cond/while bodies, gradients, optimizer
+updates) are instrumented when they are created: digest ops are added next to the op and a
+host callback per op execution delivers them (:mod:`nddebug.tracer.transport`).
+
+An instrumented graph stays instrumented; outside ``trace()`` the process-wide gate makes its
+digests read an empty slice (:mod:`nddebug.tracer.registry`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nddebug import digest as dg
+from nddebug.recording import OpInfo
+from nddebug.tracer import ops, rerun, transport
+from nddebug.tracer.location import graph_location
+from nddebug.tracer.registry import REGISTRY, graph_gate
+
+
+def in_xla(graph: Any) -> bool:
+    from tensorflow.python.ops import control_flow_util
+
+    try:
+        return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+    except Exception:  # noqa: BLE001 - an unknown graph type is not XLA
+        return False
+
+
+def is_v1_graph(graph: Any) -> bool:
+    from tensorflow.python.framework import ops as tf_ops
+
+    return not tf_ops.executing_eagerly_outside_functions() or not hasattr(graph, "outer_graph")
+
+
+def is_data_graph(graph: Any) -> bool:
+    """tf.data function bodies run on tf.data's threads, ahead of the step (prefetch): their
+    execution count at any moment is timing-dependent, so they are compared through the
+    iterator's outputs instead."""
+    name = getattr(graph, "name", "") or ""
+    return name.startswith("Dataset_") or "_Dataset_" in name
+
+
+def graph_key(graph: Any) -> str:
+    names = []
+    g = graph
+    while g is not None and hasattr(g, "name"):
+        names.append(ops.UID_SUFFIX.sub("", ops.as_str(g.name)))
+        g = getattr(g, "outer_graph", None)
+    return "/".join(reversed(names))
+
+
+def digest_in_graph(graph: Any, tensor: Any) -> Any:
+    """The digest tensor of ``tensor`` in ``graph``, built once per tensor."""
+    import tensorflow as tf
+
+    cache = REGISTRY.graph_cache(graph)
+    name = tensor.name
+    if name in cache:
+        return cache[name]
+    d = None
+    if dg.digestible(tensor.dtype):
+        with tf.name_scope("nddebug"):
+            d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device), graph_gate(graph))
+    cache[name] = d
+    return d
+
+
+def _warn_xla(rec: Any, graph: Any) -> None:
+    REGISTRY.xla_graphs.add(graph)
+    name = ops.as_str(graph.name)
+    ops.warn_once(
+        rec.recording,
+        f"{name} is compiled with XLA (jit_compile=True): XLA cannot hold nddebug's host "
+        "callbacks, so its inner ops are not recorded, only its inputs and outputs. Set "
+        "jit_compile=False on it while debugging (check() does that only for the function "
+        "and the Keras models it is given).",
+    )
+
+
+def instrument_op(
+    rec: Any,
+    op_type: str,
+    inputs: Any,
+    attrs: Any,
+    outputs: Any,
+    op_name: str | None,
+    graph: Any,
+) -> None:
+    """Add the digest ops and the host callback for one graph op, as it is created."""
+    import tensorflow as tf
+
+    if op_type in ops.SKIP_OPS:
+        return
+    if in_xla(graph):
+        _warn_xla(rec, graph)
+        return
+    cache = REGISTRY.graph_cache(graph)
+    alias = ops.ALIAS_OPS.get(op_type, -1)
+    host = bool(rec.rerun) and rerun.on_host(outputs[0].device if outputs else "")
+    if alias != -1 and host:
+        return  # rerun mode on the host digests no inputs: nothing to pass through
+    if alias != -1:
+        # Pass-through: consumers see the producer's digest; nothing runs.
+        for i, out in enumerate(outputs):
+            src = inputs[i if alias is None else alias] if inputs else None
+            if src is not None:
+                cache[out.name] = digest_in_graph(graph, src)
+        return
+    op = outputs[0].op if outputs else None
+    if (op is None or ops.as_str(op.type) != op_type) and op_name:
+        # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
+        op = graph.get_operation_by_name(op_name)
+    out_tensors = list(outputs)
+    note = ""
+    written = ops.written_value(op_type, inputs) if not out_tensors else None
+    if written is not None:
+        out_tensors = [written]  # digested already as the input: no read-back, no new digest
+        note = "value of the variable after this update"
+    elif not out_tensors and ops.WRITER.match(op_type) and inputs:
+        dtype = ops.dtype_attr(attrs)
+        if dtype is not None:
+            from tensorflow.python.ops import gen_resource_variable_ops
+
+            with tf.control_dependencies([op]), tf.name_scope("nddebug"):
+                out_tensors = [gen_resource_variable_ops.read_variable_op(inputs[0], dtype)]
+            note = "value of the variable after this update"
+    if op_type in ("Const", "Placeholder") and not note:
+        # Constants are fixed by the graph; placeholders are digested by their consumers.
+        return
+    if host:
+        # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
+        out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
+        in_digests: list[Any] = []
+        readable_out: list[Any] = []
+    else:
+        in_digests = [digest_in_graph(graph, t) for t in inputs]
+        out_digests = [digest_in_graph(graph, t) for t in out_tensors]
+        readable_out = [d for d in out_digests if d is not None]
+    readable_in = [d for d in in_digests if d is not None]
+    stateful = bool(op._is_stateful) if hasattr(op, "_is_stateful") else False
+    blocker = ""
+    payload: list[Any] = []
+    copies = 0
+    if rec.rerun:
+        blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
+        dups = [] if blocker else rerun.duplicates(graph, op, inputs, rec.rerun)
+        copies = len(dups)
+        for slot, (t, d) in enumerate(zip(out_tensors, out_digests, strict=False)):
+            if d is None:
+                continue
+            again = [dup.outputs[slot] for dup in dups]
+            if host:
+                payload += [t, *again]
+            elif dups:
+                payload += rerun.device_payload(t, again)
+    op_id = REGISTRY.new_id()
+    base = f"{graph_key(graph)}/{ops.UID_IN_NAME.sub('', op.name)}"
+    seen = REGISTRY.graph_keys.setdefault(graph, {})
+    count = seen.get(base, 0)
+    seen[base] = count + 1
+    key = base if count == 0 else f"{base}#{count}"
+    info = OpInfo(
+        op_id=op_id,
+        key=key,
+        op_type=op_type,
+        op_name=op.name,
+        graph=ops.as_str(graph.name),
+        device=op.device or "",
+        location=graph_location(op, rec.lib_dirs),
+        dtypes=[t.dtype.name for t in out_tensors],
+        shapes=[t.shape.as_list() if t.shape.rank is not None else None for t in out_tensors],
+        digestible=[d is not None for d in out_digests],
+        stateful=stateful,
+        attrs=ops.interesting_attrs(attrs),
+        note=note,
+        rerun=blocker,
+        resource=(
+            f"{graph_key(graph)}:{inputs[0].name}"
+            if inputs and ops.reads_or_writes_variable(op_type)
+            else ""
+        ),
+    )
+    with REGISTRY.lock:
+        REGISTRY.ops[op_id] = info
+        if payload:
+            REGISTRY.reruns[op_id] = (copies, host)
+    if op_type in ("StatefulPartitionedCall", "PartitionedCall"):
+        f = ops.attr(attrs, "f")
+        fname = ops.as_str(getattr(f, "name", "")) if f is not None else ""
+        if fname and fname not in REGISTRY.instrumented_functions:
+            ops.warn_once(
+                rec.recording,
+                f"Graph {graph.name} calls function {fname}, traced before nddebug.trace(): its "
+                "inner ops are not recorded, only its outputs.",
+            )
+    if not readable_out and not readable_in and not payload:
+        return
+    captured = payload
+    if rec.capture and key in rec.capture and not payload:
+        captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
+    transport.send(op_id, readable_out, readable_in, captured)

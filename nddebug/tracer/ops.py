@@ -1,0 +1,117 @@
+"""What the tracer needs to know about an op: which ops pass bytes through, which write
+variables, which call functions, and small readers for TensorFlow's attribute forms."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from nddebug.recording import CALL_OPS, RERUN_INNER, Recording
+
+# Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
+ALIAS_OPS = {
+    "Identity": None,  # output i <- input i
+    "IdentityN": None,
+    "Snapshot": None,
+    "StopGradient": None,
+    "PreventGradient": None,
+    "EnsureShape": None,
+    "Bitcast": None,
+    "Reshape": 0,  # output 0 <- input 0 (other inputs are shapes/axes)
+    "ExpandDims": 0,
+    "Squeeze": 0,
+}
+# Ops with nothing worth digesting and no effect on values.
+SKIP_OPS = {"NoOp", "PyFunc", "EagerPyFunc"}
+# Ops that write a resource variable (input 0): the value written is read back and digested.
+WRITER = re.compile(
+    r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"
+    r"AssignSubVariableOp|ResourceScatter|ResourceStridedSliceAssign)"
+)
+FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
+UID_SUFFIX = re.compile(r"_\d+$")
+# Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
+# process, a second model); keys drop them and tell real duplicates apart by creation order.
+UID_IN_NAME = re.compile(r"_\d+(?=/|$)")
+
+
+def as_str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def attr(attrs: Any, name: str) -> Any:
+    """An attribute from the op callback's attrs (a flat name/value tuple, or a dict)."""
+    if not attrs:
+        return None
+    items = attrs.items() if isinstance(attrs, dict) else zip(attrs[::2], attrs[1::2], strict=False)
+    for k, v in items:
+        if k == name:
+            return v
+    return None
+
+
+def dtype_attr(attrs: Any) -> Any:
+    import tensorflow as tf
+
+    value = attr(attrs, "T")
+    if value is None:
+        value = attr(attrs, "dtype")
+    if value is None:
+        return None
+    return tf.as_dtype(getattr(value, "type", value))
+
+
+def op_def(op_type: str) -> Any:
+    from tensorflow.python.framework import op_def_registry
+
+    return op_def_registry.get(op_type)
+
+
+def written_value(op_type: str, inputs: Any) -> Any:
+    """A plain assignment writes exactly its value input's bits: that is the value after it."""
+    return inputs[1] if op_type == "AssignVariableOp" and len(inputs) > 1 else None
+
+
+def reads_or_writes_variable(op_type: str) -> bool:
+    return op_type == "ReadVariableOp" or bool(WRITER.match(op_type))
+
+
+def rerun_blocker(
+    op_type: str, stateful: bool, n_inputs: int, out_digests: list[Any], writes: bool
+) -> str:
+    """Why an op is not re-executed in rerun mode ("" if it is): running a stateful op again
+    would change the state the step goes on with (a random generator, a variable, an
+    iterator), so only repeated steps can compare those."""
+    if stateful or writes:
+        return "stateful"
+    if op_type in CALL_OPS or FUNCTION_CALL.match(op_type):
+        return RERUN_INNER
+    if not n_inputs:
+        return "no inputs"
+    if not any(d is not None for d in out_digests):
+        return "no readable output"
+    return ""
+
+
+def interesting_attrs(attrs: Any) -> dict[str, Any]:
+    out = {}
+    for name in ("seed", "seed2"):
+        v = attr(attrs, name)
+        if v is not None:
+            out[name] = int(getattr(v, "i", v))
+    return out
+
+
+def warn_once(recording: Recording, message: str) -> None:
+    if message not in recording.warnings:
+        recording.warnings.append(message)
+
+
+@functools.cache
+def default_device() -> str:
+    """Where ops without outputs ran: TensorFlow's first device (a GPU when there is one)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return (gpus[0] if gpus else tf.config.list_logical_devices("CPU")[0]).name

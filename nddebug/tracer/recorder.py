@@ -1,0 +1,161 @@
+"""The recorder of one run: installed as TensorFlow's op callback while a ``trace()`` block is
+active, it sends each op to the eager or graph path and collects the events they deliver."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+
+from nddebug import digest as dg
+from nddebug.errors import TraceError
+from nddebug.recording import Event, Recording
+from nddebug.tracer import eager, instrument, ops, rerun, transport
+from nddebug.tracer.location import library_dirs
+from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
+
+
+class Recorder:
+    """Collects one run; installed as TensorFlow's op callback while active."""
+
+    active: Recorder | None = None
+
+    def __init__(self, recording: Recording, rerun: int = 0) -> None:
+        self.recording = recording
+        # Extra executions of every re-executable op on its own inputs (trace(rerun=k)).
+        self.rerun = rerun
+        self._seq = itertools.count()
+        self.lock = threading.Lock()
+        # Graph events that arrived since the last eager op: they ran inside the next call.
+        self.pending: list[Event] = []
+        self.eager_digests: dict[int, dg.Digest | None] = {}  # EagerTensor._id -> digest
+        self.eager_sites: dict[str, int] = {}
+        self.lib_dirs = library_dirs()
+        # Op keys whose full output values are kept (second pass of check()).
+        self.capture: set[str] | None = None
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        from tensorflow.python.eager.polymorphic_function import transform as concrete_function
+        from tensorflow.python.framework import op_callbacks
+
+        if Recorder.active is not None:
+            raise TraceError(
+                "nddebug.trace() blocks cannot be nested (and check() runs its own trace)"
+            )
+        set_gate(True)
+        Recorder.active = self
+        op_callbacks.add_op_callback(self.callback)
+        concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
+
+    def stop(self) -> None:
+        from tensorflow.python.eager.polymorphic_function import transform as concrete_function
+        from tensorflow.python.framework import op_callbacks
+
+        op_callbacks.remove_op_callback(self.callback)
+        set_gate(False)
+        if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
+            concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
+        Recorder.active = None
+        with self.lock:
+            self.recording.events.extend(self.pending)
+            self.pending.clear()
+        self.recording.events.sort(key=lambda e: e.seq)
+        self.eager_digests.clear()
+
+    def _on_function(self, function: Any) -> None:
+        if getattr(function, "graph", None) not in REGISTRY.xla_graphs:
+            REGISTRY.instrumented_functions.add(ops.as_str(function.name))
+
+    # ------------------------------------------------------------------ callback
+    def callback(
+        self,
+        op_type: Any,
+        inputs: Any,
+        attrs: Any,
+        outputs: Any,
+        op_name: str | None = None,
+        graph: Any = None,
+    ) -> Any:
+        if busy():
+            return outputs
+        op_type = ops.as_str(op_type)
+        with inside_nddebug():
+            try:
+                if graph is None:
+                    eager.on_eager(self, op_type, inputs or (), attrs, outputs or ())
+                elif instrument.is_v1_graph(graph):
+                    ops.warn_once(
+                        self.recording,
+                        "TF1 graph mode (tf.compat.v1 graphs and Session) is not supported: "
+                        "its ops are not recorded. Run the step eagerly or in a tf.function.",
+                    )
+                elif not instrument.is_data_graph(graph):
+                    instrument.instrument_op(
+                        self, op_type, inputs or (), attrs, outputs or (), op_name, graph
+                    )
+            except Exception as exc:  # noqa: BLE001 - never break the user's program
+                self.recording.warnings.append(
+                    f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
+                )
+        # Pass the outputs on: TensorFlow hands the last callback's return value to the graph,
+        # and None would drop what an earlier callback (nddebug.emulate_gpu) put there.
+        return outputs
+
+    # ------------------------------------------------------------------ events
+    def append(self, ev: Event, call_device: str | None = None) -> None:
+        """Add an eager event. With ``call_device`` (the event is a function call) the graph
+        events delivered while it ran are attributed to it."""
+        with self.lock:
+            if call_device is not None:
+                for pending in self.pending:
+                    pending.call = ev.seq
+                    self.recording.events.append(pending)
+                    inner = self.recording.ops[pending.op_id]
+                    if not inner.device and call_device:
+                        # Graph ops are placed after tracing: the function's device stands in.
+                        inner.device = call_device
+                self.pending.clear()
+            self.recording.events.append(ev)
+
+    def record_variables(self, variables: list[Any]) -> None:
+        """Digest the values of ``variables`` now (see :func:`eager.record_variables`)."""
+        eager.record_variables(self, variables)
+
+    def on_graph_event(
+        self, op_id: int, outs: np.ndarray, ins: np.ndarray, values: tuple[np.ndarray, ...] = ()
+    ) -> None:
+        """One graph op execution, delivered by its host callback."""
+        op = REGISTRY.ops.get(op_id)
+        if op is None:
+            return
+        slots = [i for i, readable in enumerate(op.digestible) if readable]
+        k, host = REGISTRY.reruns.get(op_id, (0, False))
+        ev = Event(
+            seq=self.next_seq(),
+            op_id=op_id,
+            call=-1,
+            digests=[None] * len(op.digestible)
+            if host
+            else transport.unpack(outs.tolist(), op.digestible),
+            inputs=[(int(row[0]), int(row[1])) for row in ins.tolist()],
+        )
+        kept: dict[str, np.ndarray] = {}
+        if host:
+            rerun.host_digests(ev, slots, k, values, kept)
+        elif k:
+            ev.reruns = rerun.device_digests(op, ev, slots, k, values, kept)
+        else:
+            for slot, value in zip(slots, values, strict=False):
+                kept[f"{ev.seq}:{slot}"] = np.array(value)
+        with self.lock:
+            if op_id not in self.recording.ops:
+                self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
+            self.pending.append(ev)
+            self.recording.values.update(kept)

@@ -1,0 +1,96 @@
+"""Process-wide tracer state: the table of instrumented graph ops, the switch that tells
+instrumented graphs whether a ``trace()`` block is recording, and the re-entrancy guard."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from nddebug.recording import OpInfo
+
+
+class OpRegistry:
+    """Process-wide table of instrumented graph ops: graphs traced once are run many times,
+    possibly under several ``trace()`` blocks, so their op ids must outlive any one of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ops: dict[int, OpInfo] = {}
+        self._ids = itertools.count()
+        self.instrumented_functions: set[str] = set()
+        self.xla_graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # seen, not instrumented
+        # per graph: output tensor (by name) -> digest tensor [2] (or None if unreadable)
+        self.graph_digests: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.graph_keys: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        # Graph ops instrumented for rerun mode: op id -> (number of copies, whether the host
+        # gets the tensors themselves rather than digests and sliced bytes).
+        self.reruns: dict[int, tuple[int, bool]] = {}
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def graph_cache(self, graph: Any) -> dict[str, Any]:
+        """Per-graph memo of what instrumentation built (digest tensors, gate, rerun copies)."""
+        return self.graph_digests.setdefault(graph, {})
+
+
+REGISTRY = OpRegistry()
+_local = threading.local()
+
+
+def busy() -> bool:
+    """Whether this thread is inside nddebug's own TF calls (their ops are not recorded)."""
+    return getattr(_local, "busy", False)
+
+
+@contextlib.contextmanager
+def inside_nddebug() -> Iterator[None]:
+    prev = busy()
+    _local.busy = True
+    try:
+        yield
+    finally:
+        _local.busy = prev
+
+
+_GATE: Any = None
+
+
+def gate() -> Any:
+    """A process-wide switch read by every instrumented graph: outside trace() it is off, and
+    an instrumented function then skips the heavy part of its digests, so a function first
+    traced inside a trace block does not stay slow after it."""
+    global _GATE
+    if _GATE is None:
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        # Eagerly, even when the first trace starts inside a TF1 graph's as_default().
+        with context.eager_mode(), tf.device("/CPU:0"), inside_nddebug():
+            _GATE = tf.Variable(False, trainable=False, name="nddebug_active")
+    return _GATE
+
+
+def set_gate(on: bool) -> None:
+    from tensorflow.python.eager import context
+
+    with context.eager_mode():
+        gate().assign(on)
+
+
+def graph_gate(graph: Any) -> Any:
+    """The gate as int32 0/1, read once per graph (per loop iteration in a loop body)."""
+    import tensorflow as tf
+
+    cache = REGISTRY.graph_cache(graph)
+    if "<gate>" not in cache:
+        cache["<gate>"] = tf.cast(gate().read_value(), tf.int32)
+    return cache["<gate>"]
