@@ -529,3 +529,67 @@ def test_gated_digest_is_exact_when_active(shape):
             assert tuple(
                 int(v) for v in fn(tf.constant(a), tf.constant(0)).numpy()
             ) != digest_numpy(a)
+
+
+# ------------------------------------------------------------------ the native op (C++)
+
+
+def _native():
+    """The native library; it must build wherever it is wanted (CI has a compiler)."""
+    from nddebug import native
+
+    if not native.enabled() or dg.gpu_present():
+        pytest.skip("native ops disabled (NDDEBUG_NATIVE=0) or a GPU present")
+    lib = native.load()
+    assert lib is not None, native.problem()
+    return lib
+
+
+_NATIVE_GRAPH_FNS: dict = {}
+
+
+def _native_graph_fn(dtype):
+    """A graph of unknown rank and size digesting a tensor another graph op produced, twice in
+    one NddebugDigest op (variadic inputs)."""
+    if dtype not in _NATIVE_GRAPH_FNS:
+        lib = _native()
+
+        @tf.function(input_signature=[tf.TensorSpec(None, dtype)], autograph=False)
+        def fn(x):
+            y = tf.identity(x)
+            return lib.digest(tf.constant(1), [y, x])
+
+        _NATIVE_GRAPH_FNS[dtype] = fn
+    return _NATIVE_GRAPH_FNS[dtype]
+
+
+@pytest.mark.parametrize(("name", "n"), _cases(static=False))
+def test_native_digest_matches_numpy(name, n):
+    lib = _native()
+    a = random_array(name, n)
+    ref = digest_numpy(a)
+    t = tf.constant(a)
+    assert pairs(lib.digest(tf.constant(1), [t])) == [ref]  # eager
+    assert pairs(_native_graph_fn(t.dtype)(t)) == [ref, ref]  # in a graph
+    if n % 2 == 0 and n:  # rank 2: the digest is over the row-major bytes
+        assert pairs(_native_graph_fn(t.dtype)(tf.reshape(t, [2, n // 2]))) == [ref, ref]
+    assert lib.digest_bytes(a.tobytes()) == ref
+
+
+def test_native_digest_of_many_blocks_uses_threads_and_stays_exact():
+    lib = _native()
+    a = random_array("float32", 3 * (1 << 20) + 3)  # 384 blocks: sharded over the pool
+    ref = digest_numpy(a)
+    t = tf.constant(a)
+    assert [pairs(lib.digest(tf.constant(1), [t])) for _ in range(5)] == [[ref]] * 5
+    b = a.copy()
+    b[len(b) // 2] = np.nextafter(b[len(b) // 2], np.float32(np.inf))
+    assert pairs(lib.digest(tf.constant(1), [tf.constant(b)])) == [digest_numpy(b)] != [ref]
+
+
+def test_native_digest_gate_off_reads_nothing():
+    lib = _native()
+    a = random_array("float64", 3 * BLOCK)
+    out = lib.digest(tf.constant(0), [tf.constant(a), tf.constant(a[:5])])
+    assert pairs(out) == [(0, 0), (0, 0)]
+    assert pairs(lib.digest(tf.constant(1), [tf.constant(a)])) == [digest_numpy(a)]

@@ -1,0 +1,198 @@
+"""nddebug's native ops: the digest in one pass over the bytes, and a process-global buffer
+that traced graphs append digest rows to, drained by the host once per top-level call.
+
+The C++ source (``nddebug_ops.cc``) ships with the package and is compiled on first use with
+the C++ compiler TensorFlow's headers need (``g++`` unless ``$CXX``), against the installed
+TensorFlow, into a per-user cache keyed by the TensorFlow version and the source's hash
+(``$NDDEBUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/nddebug``, else ``~/.cache/nddebug``).
+``python -m nddebug.native build`` builds it ahead of time.
+
+Why optional: a compiler or TensorFlow's headers may be missing. Then the tracer uses the
+pure-TF digest and one host callback per op, and the recording says so in a warning.
+``NDDEBUG_NATIVE=0`` chooses that path on purpose. Only CPU kernels exist: on a machine with
+a GPU the pure-TF path runs (its digest runs on the GPU); a CUDA kernel for the same two ops
+would slot in here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV = "NDDEBUG_NATIVE"  # "0": never use the native ops
+CACHE_ENV = "NDDEBUG_CACHE_DIR"
+SOURCE = Path(__file__).with_name("nddebug_ops.cc")
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}  # "lib": Native | None, "problem": str
+
+
+class NativeBuildError(RuntimeError):
+    """The native library could not be compiled or loaded."""
+
+
+@dataclass(frozen=True)
+class Native:
+    """The loaded library: the TF op wrappers and the C functions of the same .so."""
+
+    path: Path
+    ops: Any
+    clib: Any
+
+    def digest(self, gate: Any, tensors: list[Any]) -> Any:
+        """int64 [len(tensors), 2]: the digests (zeros while ``gate`` is 0)."""
+        return self.ops.nddebug_digest(gate=gate, x=tensors)
+
+    def record(self, op_id: int, out_digests: list[Any], in_digests: list[Any]) -> Any:
+        """The op that appends one row to the buffer when a trace is active."""
+        return self.ops.nddebug_record(
+            digests=[*out_digests, *in_digests], op_id=op_id, n_out=len(out_digests)
+        )
+
+    def set_active(self, on: bool) -> None:
+        self.clib.nddebug_set_active(1 if on else 0)
+
+    def drain(self) -> list[int]:
+        """Every row appended since the last drain, flat, in arrival order."""
+        ptr = ctypes.POINTER(ctypes.c_int64)()
+        n = self.clib.nddebug_drain(ctypes.byref(ptr))
+        return ptr[:n] if n else []
+
+    def digest_bytes(self, data: bytes | memoryview) -> tuple[int, int]:
+        """The digest of host bytes, through the same C++ code as the op (for tests)."""
+        buf = bytes(data)
+        out = (ctypes.c_int64 * 2)()
+        self.clib.nddebug_digest_bytes(buf, len(buf), out)
+        return int(out[0]), int(out[1])
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nddebug"
+
+
+def _flags() -> tuple[list[str], list[str]]:
+    import tensorflow as tf
+
+    return list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags())
+
+
+def library_path() -> Path:
+    """Where the library for this TensorFlow and this source lives (built or not)."""
+    import tensorflow as tf
+
+    compile_flags, link_flags = _flags()
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join([*compile_flags, *link_flags]).encode())
+    return cache_dir() / f"nddebug_ops-tf{tf.__version__}-{h.hexdigest()[:16]}.so"
+
+
+def build(force: bool = False) -> Path:
+    """Compile the library if it is not in the cache; returns its path.
+
+    Atomic: the compiler writes a temporary file in the cache directory that is renamed into
+    place, and a lock file makes concurrent processes wait for one build instead of racing.
+    """
+    target = library_path()
+    if target.exists() and not force:
+        return target
+    cxx = os.environ.get("CXX") or "g++"
+    if shutil.which(cxx) is None:
+        raise NativeBuildError(f"no C++ compiler ({cxx}) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.with_suffix(".lock")):
+        if target.exists() and not force:
+            return target  # another process built it while we waited
+        compile_flags, link_flags = _flags()
+        fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
+        os.close(fd)
+        cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", *compile_flags]
+        cmd += [str(SOURCE), "-o", tmp, *link_flags]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise NativeBuildError(
+                    f"{cxx} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}"
+                )
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Any:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the atomic rename alone keeps the cache consistent
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _open(path: Path) -> Native:
+    import tensorflow as tf
+
+    ops = tf.load_op_library(str(path))
+    # dlopen of the same path returns the library TF loaded: the C functions share its buffer.
+    clib = ctypes.CDLL(str(path))
+    clib.nddebug_drain.restype = ctypes.c_int64
+    clib.nddebug_drain.argtypes = [ctypes.POINTER(ctypes.POINTER(ctypes.c_int64))]
+    clib.nddebug_set_active.argtypes = [ctypes.c_int]
+    clib.nddebug_digest_bytes.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int64),
+    ]
+    return Native(path, ops, clib)
+
+
+def enabled() -> bool:
+    """Whether the native path may be used at all (``NDDEBUG_NATIVE=0`` turns it off)."""
+    return os.environ.get(ENV, "1") != "0"
+
+
+def load() -> Native | None:
+    """The native library, built on first use; None where the pure-TF path must run (disabled,
+    a GPU present, or the build failed: see :func:`problem`)."""
+    if not enabled() or _gpu_present():
+        return None
+    with _lock:
+        if "lib" not in _state:
+            try:
+                _state["lib"] = _open(build())
+                _state["problem"] = ""
+            except Exception as exc:  # noqa: BLE001 - any failure means the pure-TF path
+                _state["lib"] = None
+                _state["problem"] = f"{type(exc).__name__}: {exc}"
+        return _state["lib"]
+
+
+def problem() -> str:
+    """Why the native library could not be used ("" if it was, or was not wanted)."""
+    return _state.get("problem", "") if enabled() and not _gpu_present() else ""
+
+
+@functools.cache
+def _gpu_present() -> bool:
+    from nddebug import digest as dg
+
+    return dg.gpu_present()

@@ -1,0 +1,243 @@
+// nddebug's native ops (CPU kernels): the digest of nddebug/digest.py in one pass over the
+// bytes, and a recorder that appends digest rows to a process-global buffer, so a traced
+// graph hands its digests to Python once per call (a drain) instead of once per op.
+//
+// The digest definition ("nddebug-wsum64x2-v1") is in docs/format.md; digest_numpy is the
+// reference this must match bit for bit. A GPU kernel would register the same ops for
+// DEVICE_GPU: the sums wrap around mod 2**64 and are associative, so any reduction order
+// (atomics included) gives the same value.
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+constexpr int64_t kBlock = 4096;
+constexpr uint64_t kLengthWeight = 0x9E3779B97F4A7C15ULL;
+constexpr uint64_t kRowMul[2] = {0x9E3779B97F4A7C15ULL, 0xD6E8FEB86659FD93ULL};
+constexpr uint64_t kRowMul2[2] = {0xBF58476D1CE4E5B9ULL, 0x94D049BB133111EBULL};
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Arithmetic right shift of the word read as int64 (digest.py shifts signed values).
+inline uint64_t sar(uint64_t x, int n) {
+  return static_cast<uint64_t>(static_cast<int64_t>(x) >> n);
+}
+
+struct Weights {
+  uint64_t w[2][kBlock];
+  Weights() {
+    for (int s = 0; s < 2; ++s) {
+      const uint64_t base = static_cast<uint64_t>(s + 1) << 32;
+      for (int64_t k = 0; k < kBlock; ++k) w[s][k] = splitmix64(base + k) | 1ULL;
+    }
+  }
+};
+
+const Weights& weights() {
+  static const Weights* table = new Weights();
+  return *table;
+}
+
+inline uint64_t row_weight(uint64_t row, int s) {
+  uint64_t h = (row + 1) * kRowMul[s];
+  h ^= sar(h, 31);
+  h *= kRowMul2[s];
+  h ^= sar(h, 29);
+  return h | 1ULL;
+}
+
+// Weighted sums of one block of n words (n <= kBlock): {sum u*w0, sum (u>>32)*w1}.
+inline void block_sums(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
+  const Weights& t = weights();
+  uint64_t a = 0, b = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    uint64_t u;
+    std::memcpy(&u, p + 8 * k, 8);
+    a += u * t.w[0][k];
+    b += sar(u, 32) * t.w[1][k];
+  }
+  *lo = a;
+  *hi = b;
+}
+
+void digest_bytes(const char* data, int64_t nbytes, const tensorflow::DeviceBase::CpuWorkerThreads* pool,
+                  uint64_t* out_lo, uint64_t* out_hi) {
+  const int64_t whole_words = nbytes / 8;
+  const int64_t rows = whole_words / kBlock;
+  const int64_t rest_words = whole_words % kBlock;
+  const int64_t tail = nbytes % 8;
+  uint64_t lo = 0, hi = 0;
+  if (rows > 0) {
+    std::vector<uint64_t> partial(2 * rows);
+    auto work = [&](int64_t start, int64_t limit) {
+      for (int64_t r = start; r < limit; ++r) {
+        uint64_t a, b;
+        block_sums(data + r * kBlock * 8, kBlock, &a, &b);
+        partial[2 * r] = a * row_weight(r, 0);
+        partial[2 * r + 1] = b * row_weight(r, 1);
+      }
+    };
+    if (pool != nullptr && rows > 1) {
+      tensorflow::Shard(pool->num_threads, pool->workers, rows, kBlock * 4, work);
+    } else {
+      work(0, rows);
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // wrap-around sums: any order gives the same value
+      lo += partial[2 * r];
+      hi += partial[2 * r + 1];
+    }
+  }
+  const int64_t last_len = rest_words + (tail ? 1 : 0);
+  if (last_len > 0) {
+    // The last partial block: whole words, then the tail bytes zero-padded to one word.
+    std::vector<char> buf(8 * last_len, 0);
+    std::memcpy(buf.data(), data + rows * kBlock * 8, nbytes - rows * kBlock * 8);
+    uint64_t a, b;
+    block_sums(buf.data(), last_len, &a, &b);
+    lo += a * row_weight(rows, 0);
+    hi += b * row_weight(rows, 1);
+  }
+  lo += static_cast<uint64_t>(nbytes) * kLengthWeight;
+  *out_lo = lo;
+  *out_hi = hi;
+}
+
+// ------------------------------------------------------------------ the record buffer
+std::atomic<bool> g_active{false};
+std::mutex g_mutex;
+std::vector<int64_t> g_rows;     // flat: op_id, n_out, n_in, then 2*(n_out+n_in) digests
+std::vector<int64_t> g_drained;  // what the last drain handed out (valid until the next)
+
+}  // namespace
+
+extern "C" {
+__attribute__((visibility("default"))) void nddebug_set_active(int on) {
+  g_active.store(on != 0);
+}
+
+// Hands out every row appended since the last drain, in arrival order: *data points at
+// the flat rows (valid until the next drain), the return value is their number of int64s.
+__attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** data) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_drained.clear();
+  g_drained.swap(g_rows);
+  *data = g_drained.data();
+  return static_cast<int64_t>(g_drained.size());
+}
+
+__attribute__((visibility("default"))) int64_t nddebug_digest_bytes(const char* data,
+                                                                   int64_t nbytes,
+                                                                   int64_t* out) {
+  uint64_t lo, hi;
+  digest_bytes(data, nbytes, nullptr, &lo, &hi);
+  out[0] = static_cast<int64_t>(lo);
+  out[1] = static_cast<int64_t>(hi);
+  return 0;
+}
+}
+
+namespace {
+
+class DigestOp : public OpKernel {
+ public:
+  explicit DigestOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const bool on = ctx->input(0).scalar<int32_t>()() != 0;
+    tensorflow::OpInputList xs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("x", &xs));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({xs.size(), 2}), &out));
+    auto o = out->matrix<int64_t>();
+    const auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+    for (int i = 0; i < xs.size(); ++i) {
+      o(i, 0) = 0;
+      o(i, 1) = 0;
+      if (!on) continue;  // outside trace(): read no data
+      const Tensor& t = xs[i];
+      OP_REQUIRES(ctx, tensorflow::DataTypeCanUseMemcpy(t.dtype()),
+                  tensorflow::errors::InvalidArgument("NddebugDigest: cannot read the bytes of ",
+                                                      tensorflow::DataTypeString(t.dtype())));
+      const auto bytes = t.tensor_data();
+      uint64_t lo, hi;
+      digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), pool, &lo, &hi);
+      o(i, 0) = static_cast<int64_t>(lo);
+      o(i, 1) = static_cast<int64_t>(hi);
+    }
+  }
+};
+
+class RecordOp : public OpKernel {
+ public:
+  explicit RecordOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("op_id", &op_id_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    if (!g_active.load(std::memory_order_relaxed)) return;
+    tensorflow::OpInputList ds;
+    OP_REQUIRES_OK(ctx, ctx->input_list("digests", &ds));
+    int64_t pairs[2] = {0, 0};
+    for (int i = 0; i < ds.size(); ++i) pairs[i < n_out_ ? 0 : 1] += ds[i].NumElements() / 2;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_rows.push_back(op_id_);
+    g_rows.push_back(pairs[0]);
+    g_rows.push_back(pairs[1]);
+    for (int i = 0; i < ds.size(); ++i) {
+      auto flat = ds[i].flat<int64_t>();
+      const int64_t n = ds[i].NumElements() / 2 * 2;
+      g_rows.insert(g_rows.end(), flat.data(), flat.data() + n);
+    }
+  }
+
+ private:
+  int64_t op_id_ = 0;
+  int n_out_ = 0;
+};
+
+}  // namespace
+
+REGISTER_OP("NddebugDigest")
+    .Input("gate: int32")
+    .Input("x: T")
+    .Attr("T: list(type)")
+    .Output("digests: int64")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->num_inputs() - 1, 2));
+      return tensorflow::OkStatus();
+    })
+    .Doc("nddebug-wsum64x2-v1 digest of each input, as int64 [n, 2]; zeros when gate is 0.");
+
+REGISTER_OP("NddebugRecord")
+    .Input("digests: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("op_id: int")
+    .Attr("n_out: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Appends (op_id, output digests, input digests) to the process buffer in a trace.");
+
+REGISTER_KERNEL_BUILDER(Name("NddebugDigest").Device(tensorflow::DEVICE_CPU).HostMemory("gate"),
+                        DigestOp);
+REGISTER_KERNEL_BUILDER(Name("NddebugRecord").Device(tensorflow::DEVICE_CPU), RecordOp);
