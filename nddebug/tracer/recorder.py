@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from nddebug import digest as dg
+from nddebug import native
 from nddebug.errors import TraceError
 from nddebug.recording import Event, Recording
 from nddebug.tracer import eager, instrument, ops, rerun, transport
@@ -50,6 +51,15 @@ class Recorder:
                 "nddebug.trace() blocks cannot be nested (and check() runs its own trace)"
             )
         set_gate(True)
+        transport.drain()  # rows of no block (there should be none)
+        transport.set_active(True)
+        if native.problem():
+            ops.warn_once(
+                self.recording,
+                "nddebug's native ops could not be built or loaded, so graph digests use the "
+                f"slower pure-TF path with one host callback per op ({native.problem()}). "
+                "Run `python -m nddebug.native build` to see why; NDDEBUG_NATIVE=0 silences this.",
+            )
         Recorder.active = self
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
@@ -60,6 +70,8 @@ class Recorder:
 
         op_callbacks.remove_op_callback(self.callback)
         set_gate(False)
+        transport.set_active(False)
+        self.drain()
         if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
             concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
         Recorder.active = None
@@ -89,6 +101,9 @@ class Recorder:
         with inside_nddebug():
             try:
                 if graph is None:
+                    # A function call's graph events are in the buffer now (its eager
+                    # callback runs after it returns): they get their seq before it does.
+                    self.drain()
                     eager.on_eager(self, op_type, inputs or (), attrs, outputs or ())
                 elif instrument.is_v1_graph(graph):
                     ops.warn_once(
@@ -128,10 +143,19 @@ class Recorder:
         """Digest the values of ``variables`` now (see :func:`eager.record_variables`)."""
         eager.record_variables(self, variables)
 
+    def drain(self) -> None:
+        """Take the graph op executions the native buffer holds (see :mod:`transport`)."""
+        for op_id, outs, ins in transport.drain():
+            self.on_graph_event(op_id, outs, ins)
+
     def on_graph_event(
-        self, op_id: int, outs: np.ndarray, ins: np.ndarray, values: tuple[np.ndarray, ...] = ()
+        self,
+        op_id: int,
+        outs: np.ndarray | list[list[int]],
+        ins: np.ndarray | list[list[int]],
+        values: tuple[np.ndarray, ...] = (),
     ) -> None:
-        """One graph op execution, delivered by its host callback."""
+        """One graph op execution, delivered by its host callback or a drain."""
         op = REGISTRY.ops.get(op_id)
         if op is None:
             return
@@ -143,8 +167,8 @@ class Recorder:
             call=-1,
             digests=[None] * len(op.digestible)
             if host
-            else transport.unpack(outs.tolist(), op.digestible),
-            inputs=[(int(row[0]), int(row[1])) for row in ins.tolist()],
+            else transport.unpack(_rows(outs), op.digestible),
+            inputs=[(int(row[0]), int(row[1])) for row in _rows(ins)],
         )
         kept: dict[str, np.ndarray] = {}
         if host:
@@ -159,3 +183,7 @@ class Recorder:
                 self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
             self.pending.append(ev)
             self.recording.values.update(kept)
+
+
+def _rows(x: np.ndarray | list[list[int]]) -> list[list[int]]:
+    return x.tolist() if isinstance(x, np.ndarray) else x

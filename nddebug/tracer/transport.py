@@ -1,7 +1,16 @@
-"""How graph digests reach the host: one small host callback per op execution, handing the
-active recorder the op id, its output and input digests, and any values it must keep.
+"""How graph digests reach the host.
 
-Outside a ``trace()`` block no recorder is active and the callback returns at once.
+Native path (CPU, :mod:`nddebug.native` built): each op execution appends one row (op id,
+output digests, input digests) to a process-global C++ buffer; the recorder drains it once per
+top-level eager call and at the end of the block. No Python runs per graph op execution.
+
+Pure-TF path (a GPU, ``NDDEBUG_NATIVE=0``, no compiler), and whenever tensor values must reach
+the host (rerun mode, capture runs): one small host callback per op execution, handing the
+active recorder the op id, its digests and the values it must keep.
+
+Outside a ``trace()`` block neither path does anything: the buffer is off, and the callback
+returns at once. The counters below say how often the host was reached (tests hold the
+native path to a few transfers per step).
 """
 
 from __future__ import annotations
@@ -11,6 +20,11 @@ from typing import Any
 import numpy as np
 
 from nddebug import digest as dg
+from nddebug import native
+
+# Host transfers since the process started: per-op host callbacks that reached an active
+# recorder, and drains of the native buffer that returned rows.
+COUNTS = {"callbacks": 0, "drains": 0}
 
 
 def _receive(op_id: np.ndarray, outs: np.ndarray, ins: np.ndarray, *values: np.ndarray) -> None:
@@ -18,18 +32,68 @@ def _receive(op_id: np.ndarray, outs: np.ndarray, ins: np.ndarray, *values: np.n
 
     rec = Recorder.active
     if rec is not None:
+        COUNTS["callbacks"] += 1
         rec.on_graph_event(int(op_id), outs, ins, values)
 
 
+def native_ops() -> native.Native | None:
+    """The native library when graph digests and rows should use it, else None."""
+    return native.load()
+
+
 def send(op_id: int, out_digests: list[Any], in_digests: list[Any], values: list[Any]) -> None:
-    """Emit, in the graph being built, the host callback that delivers one op execution."""
+    """Emit, in the graph being built, the op that delivers one op execution."""
     import tensorflow as tf
 
+    lib = native_ops()
     with tf.name_scope("nddebug"):
-        outs = tf.stack(out_digests) if out_digests else tf.zeros([0, 2], tf.int64)
-        ins = tf.stack(in_digests) if in_digests else tf.zeros([0, 2], tf.int64)
+        if lib is not None and not values:
+            lib.record(op_id, out_digests, in_digests)
+            return
+        outs, ins = _stacked(out_digests), _stacked(in_digests)
         args = [tf.constant(op_id, tf.int64), outs, ins, *values]
         tf.numpy_function(_receive, args, Tout=[], stateful=True)
+
+
+def _stacked(digests: list[Any]) -> Any:
+    """Digest tensors as int64 [n, 2]: pure-TF digests are [2], native ones [1, 2]."""
+    import tensorflow as tf
+
+    if not digests:
+        return tf.zeros([0, 2], tf.int64)
+    if any(d.shape.rank == 2 for d in digests):
+        return tf.concat([tf.reshape(d, [-1, 2]) for d in digests], 0)
+    return tf.stack(digests)
+
+
+def set_active(on: bool) -> None:
+    """Switch the native buffer on (a block starts) or off (it ends)."""
+    lib = native_ops() if on else native._state.get("lib")
+    if lib is not None:
+        lib.set_active(on)
+
+
+def drain() -> list[tuple[int, list[list[int]], list[list[int]]]]:
+    """The op executions appended to the native buffer since the last drain, in arrival
+    order, as (op id, output digest rows, input digest rows)."""
+    lib = native._state.get("lib")
+    if lib is None:
+        return []
+    flat = lib.drain()
+    if not flat:
+        return []
+    COUNTS["drains"] += 1
+    rows = []
+    i = 0
+    while i < len(flat):
+        op_id, n_out, n_in = flat[i], flat[i + 1], flat[i + 2]
+        i += 3
+        outs = [flat[i + 2 * k : i + 2 * k + 2] for k in range(n_out)]
+        i += 2 * n_out
+        ins = [flat[i + 2 * k : i + 2 * k + 2] for k in range(n_in)]
+        i += 2 * n_in
+        rows.append((op_id, outs, ins))
+    return rows
 
 
 def unpack(values: list[list[int]], mask: list[bool]) -> list[dg.Digest | None]:

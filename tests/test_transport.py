@@ -1,0 +1,130 @@
+"""How graph digests reach the host: on the CPU with the native ops, one drain of a C++
+buffer per top-level call instead of one host callback per op, with the same recording as
+the pure-TF path (``NDDEBUG_NATIVE=0``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug import digest as dg
+from nddebug import native
+from nddebug.digest import digest_numpy
+from nddebug.tracer import transport
+from tests.helpers import run_python
+
+N_OPS = 60
+
+
+def _chain():
+    """A fresh tf.function of N_OPS dependent multiplies (and a loop of 5 iterations)."""
+
+    @tf.function
+    def chain(x):
+        for _ in range(N_OPS):
+            x = x * 1.5
+        i = tf.constant(0)
+        while i < 5:
+            x = x + 1.0
+            i += 1
+        return x
+
+    return chain
+
+
+def _native_lib():
+    if not native.enabled() or dg.gpu_present():
+        pytest.skip("native ops disabled (NDDEBUG_NATIVE=0) or a GPU present")
+    lib = native.load()
+    assert lib is not None, native.problem()
+    return lib
+
+
+def _record(fn, x, calls):
+    before = dict(transport.COUNTS)
+    with nddebug.trace() as rec:
+        for _ in range(calls):
+            y = fn(x)
+    delta = {k: transport.COUNTS[k] - before[k] for k in before}
+    return rec, delta, y
+
+
+def test_native_path_hands_digests_over_once_per_call_not_per_op():
+    _native_lib()
+    x = tf.constant(np.arange(5000, dtype=np.float32))
+    calls = 3
+    rec, delta, y = _record(_chain(), x, calls)
+    graph_events = [e for e in rec.events if rec.ops[e.op_id].graph]
+    # every multiply of every call was recorded ...
+    muls = [e for e in graph_events if rec.ops[e.op_id].op_type == "Mul"]
+    assert len(muls) == N_OPS * calls
+    # ... yet the host was reached at most once per top-level call: no per-op callbacks
+    assert delta["callbacks"] == 0
+    assert 1 <= delta["drains"] <= calls
+    # the digests are exact, and each call's graph events come before the call's own event
+    adds = [e for e in graph_events if rec.ops[e.op_id].op_type == "AddV2"]
+    adds = [e for e in adds if rec.ops[e.op_id].dtypes == ["float32"]]  # not the counter
+    assert adds[-1].digests == [digest_numpy(y.numpy())]
+    calls_seq = [e.seq for e in rec.events if not rec.ops[e.op_id].graph]
+    assert len(calls_seq) == calls
+    for e in graph_events:
+        assert e.call in calls_seq and e.seq < e.call
+
+
+def test_instrumented_function_outside_trace_hands_nothing_over():
+    lib = _native_lib()
+    fn = _chain()
+    x = tf.constant(np.ones(100, np.float32))
+    _record(fn, x, 1)
+    before = dict(transport.COUNTS)
+    fn(x)
+    assert lib.drain() == []
+    assert transport.COUNTS == before
+
+
+def test_pure_tf_path_gives_the_same_recording(monkeypatch):
+    _native_lib()
+    x = tf.constant(np.linspace(-3, 3, 3000, dtype=np.float32))
+    fast, fast_delta, _ = _record(_chain(), x, 2)
+    monkeypatch.setenv(native.ENV, "0")
+    slow, slow_delta, _ = _record(_chain(), x, 2)  # a fresh function: built the old way
+    n_graph = sum(1 for e in slow.events if slow.ops[e.op_id].graph)
+    assert slow_delta["callbacks"] == n_graph > 2 * N_OPS
+    assert slow_delta["drains"] == 0 and fast_delta["callbacks"] == 0
+
+    def rows(rec):
+        # Ops that may run concurrently (the loop and the digests of the multiplies) arrive
+        # in either order on both paths: compare each op's executions, in order, per call.
+        calls = sorted(e.seq for e in rec.events if not rec.ops[e.op_id].graph)
+        per_op: dict = {}
+        for e in rec.events:
+            op = rec.ops[e.op_id]
+            call = calls.index(e.call) if op.graph else -1
+            per_op.setdefault(op.key, []).append((call, e.digests, e.inputs, e.seq <= e.call))
+        return per_op
+
+    assert rows(fast) == rows(slow)
+    assert not fast.warnings and not slow.warnings
+
+
+def test_failed_build_falls_back_with_one_warning(tmp_path):
+    """No compiler: the pure-TF path records the same events, and the recording says why."""
+    code = """
+import json
+import tensorflow as tf, nddebug
+from nddebug import native
+from nddebug.tracer import transport
+@tf.function
+def f(x):
+    return x * 2.0 + 1.0
+with nddebug.trace() as rec:
+    f(tf.constant([1.0, 2.0]))
+warned = sum("native ops could not be built" in w for w in rec.warnings)
+print(json.dumps([len(rec.events), transport.COUNTS["callbacks"], warned, native.load() is None]))
+"""
+    env = {"NDDEBUG_CACHE_DIR": str(tmp_path), "CXX": "nddebug-no-such-compiler"}
+    env["NDDEBUG_NATIVE"] = "1"
+    # Mul and AddV2 by host callback, and the call itself; one warning; no library
+    assert run_python(code, env=env) == [3, 2, 1, True]
