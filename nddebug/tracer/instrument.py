@@ -69,6 +69,18 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     return d
 
 
+def digests_first(op: Any, digests: list[Any]) -> None:
+    """Run the native digests of an op's inputs before the op. A digest is then done with a
+    tensor when its consumer starts, so the consumer may still reuse (forward) the buffer in
+    place, as it does without nddebug; otherwise each step allocates and touches new buffers
+    (~15% of a plain step outside trace())."""
+    seen = set()
+    for d in digests:
+        if d is not None and d.op.type == "NddebugDigest" and d.op.name not in seen:
+            seen.add(d.op.name)
+            op._add_control_input(d.op)
+
+
 def _warn_xla(rec: Any, graph: Any) -> None:
     REGISTRY.xla_graphs.add(graph)
     name = ops.as_str(graph.name)
@@ -138,6 +150,7 @@ def instrument_op(
         readable_out: list[Any] = []
     else:
         in_digests = [digest_in_graph(graph, t) for t in inputs]
+        digests_first(op, in_digests)
         out_digests = [digest_in_graph(graph, t) for t in out_tensors]
         readable_out = [d for d in out_digests if d is not None]
     readable_in = [d for d in in_digests if d is not None]
