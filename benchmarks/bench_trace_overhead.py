@@ -1,44 +1,38 @@
-"""What ``nddebug.trace()`` costs on a real training step, next to tfdbg2.
+"""What ``nddebug.trace()`` costs on real training steps, next to tfdbg2 CURT_HEALTH.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_trace_overhead.py            # full run (~3-4 min)
-    .venv/bin/python benchmarks/bench_trace_overhead.py --quick    # short run (~1-2 min)
+    .venv/bin/python benchmarks/bench_trace_overhead.py            # full run (~10 min on 2 cores)
+    .venv/bin/python benchmarks/bench_trace_overhead.py --quick    # short run (~4 min)
 
-The step: the seed-000 MNIST CNN (``nddebug.examples.mnist_cnn.make_model()``) trained by
-``make_custom_step(model)`` (a ``tf.function`` GradientTape step) on one batch of 128 from
-``make_data(128)``, held as ``tf.constant`` so no host conversion is timed. CPU only.
+Workloads (each a ``tf.function`` GradientTape step, ``mnist_cnn.make_custom_step(model)``,
+on inputs held as ``tf.constant``), on whatever device TensorFlow has:
 
-Everything is measured in ONE process, side by side:
+- ``cnn-b128`` / ``cnn-b1024``: the seed-000 MNIST CNN at batch 128 and 1024;
+- ``resnet-b128``: ``benchmarks/_resnet_like.py`` (3 stages of 2 residual blocks, BatchNorm,
+  Adam; about 1,900 op executions per step) at batch 128, 32x32x3 inputs.
 
-Phase A, interleaved round by round (the order of the variants alternates each round, so a
-noisy machine slows every variant alike). Reported per variant: the median and the minimum
-ms/step, the ratio of medians to the plain step, and the *paired* ratio: the median over
-rounds of (variant / plain step timed in the same round), the figure checked against the
-target because it cancels slow phases of a shared machine best:
+Per workload, in ONE process, interleaved round by round (the order alternates each round,
+so a noisy machine slows every variant alike):
 
-- ``plain``: a step function traced outside any instrumentation;
-- ``trace(): one block per step``: a fresh step function whose first call (tracing) happened
-  inside ``with nddebug.trace():``, then each timed step in its own block (enter and exit,
-  i.e. ``environment.capture()`` and the final sort, are included);
-- ``trace(): one long block``: the same function, ``--steps`` steps inside one block; per step
-  = block time / steps;
-- ``instrumented, outside trace()``: the same function called with no block active (its digest
-  ops still run; only the host callbacks return at once);
-- ``trace() enter+exit, empty block``: the fixed cost of a block.
+- ``plain``: the step traced outside any instrumentation;
+- ``trace()``: a fresh step first called inside ``with nddebug.trace():``, each timed step in
+  its own block (enter and exit included). On the CPU this is the native path (C++ digest op
+  and record buffer, :mod:`nddebug.native`) when it builds;
+- ``trace(), pure-TF``: the same, instrumented with ``NDDEBUG_NATIVE=0``: digests made of TF
+  ops and one host callback per op execution (the code before the native ops; the GPU path);
+- ``outside trace()`` and ``outside trace(), pure-TF``: those two functions called with no
+  block active;
+- ``tfdbg2 CURT_HEALTH``: ``enable_dump_debug_info(tmpdir, tensor_debug_mode="CURT_HEALTH",
+  circular_buffer_size=-1)``, a fresh step traced while enabled, interleaved with ``plain``
+  in its own rounds, then disabled (a function traced under tfdbg2 crashes the process if called
+  after ``disable_dump_debug_info()``, so it is only called while enabled).
 
-Phase B, after phase A (tfdbg2 instrumentation cannot be removed from a function traced while it
-was enabled, and calling such a function after ``disable_dump_debug_info()`` crashes the
-process, so each mode gets a fresh step function, used only while its mode is enabled):
-for CURT_HEALTH, FULL_HEALTH, FULL_TENSOR (cheapest dump first),
-``enable_dump_debug_info(tmpdir, tensor_debug_mode=M, circular_buffer_size=-1)``, trace a fresh
-step, then interleave it with the plain step (whose one eager call op is then also seen by
-tfdbg2's eager hook: a scalar output, negligible), disable, and size the dump. The dump per
-step is the ``.execution`` + ``.graph_execution_traces`` files divided by the steps run; the
-one-time graph, source-file and stack-frame files are reported separately.
-
-Recording size: the Recording of one step (one block) saved with ``rec.save()`` to a fresh
-file, and the recording of the long block (per step).
+Reported: median ms/step, the ratio of medians, the *paired* ratio (median over rounds of
+variant / plain in the same round: the figure checked against the targets), the process's CPU
+time per step, the first call of each (tracing and instrumentation; ``plain`` is a fresh
+function's first call after everything is warm), the recording size of one step, and how
+often the host was reached per traced step (host callbacks and buffer drains).
 
 Results: a table on stdout and ``benchmarks/results/trace_overhead.json``.
 """
@@ -54,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _p in (ROOT, os.path.join(ROOT, "benchmarks")):
@@ -61,36 +56,38 @@ for _p in (ROOT, os.path.join(ROOT, "benchmarks")):
         sys.path.insert(0, _p)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import _resnet_like  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from _common import interleave, machine, paired_ratio, source_state  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import nddebug  # noqa: E402
+from nddebug import native  # noqa: E402
 from nddebug.examples import mnist_cnn  # noqa: E402
+from nddebug.tracer import transport  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "trace_overhead.json")
-TARGET_RATIO = 2.5
-TARGET_MB_PER_STEP = 1.0
-TFDBG_MODES = ("CURT_HEALTH", "FULL_HEALTH", "FULL_TENSOR")
-PER_STEP_FILES = (".execution", ".graph_execution_traces")
+# The issue's targets (paired ratios to the plain step).
+TARGETS = {
+    "CPU": {"trace": 1.8, "outside": 1.05, "first_call": 2.0},
+    "GPU": {"trace": 2.0, "outside": 1.05, "first_call": 2.0},
+}
+WORKLOADS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "cnn-b128": (mnist_cnn.make_model, lambda: mnist_cnn.make_data(128)),
+    "cnn-b1024": (mnist_cnn.make_model, lambda: mnist_cnn.make_data(1024)),
+    "resnet-b128": (_resnet_like.make_model, lambda: _resnet_like.make_data(128)),
+}
+TRACE = "trace()"
+PURE = "trace(), pure-TF"
+OUT = "outside trace()"
+OUT_PURE = "outside trace(), pure-TF"
+DBG = "tfdbg2 CURT_HEALTH"
 
 
 def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def _dir_bytes(root: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            out[f] = out.get(f, 0) + os.path.getsize(os.path.join(dirpath, f))
-    return out
-
-
-def _file_bytes(path: str) -> int:
-    return os.path.getsize(path)
 
 
 def _ms(seconds: float) -> float:
@@ -101,266 +98,195 @@ def _stats(samples: dict[str, list[float]], cpu: dict[str, list[float]], reps: d
     return {
         "samples_ms": {k: [_ms(v) for v in vs] for k, vs in samples.items()},
         "median_ms": {k: _ms(statistics.median(v)) for k, v in samples.items()},
-        "min_ms": {k: _ms(min(v)) for k, v in samples.items()},
         "paired_ratio_to_plain": {k: paired_ratio(samples, k, "plain", reps) for k in samples},
-        "cpu_samples_ms": {k: [_ms(v) for v in vs] for k, vs in cpu.items()},
         "cpu_median_ms": {k: _ms(statistics.median(v)) for k, v in cpu.items()},
     }
 
 
-def phase_a(model, x, y, plain, rounds: int, reps: int, steps: int, tmp: str) -> dict:
-    """plain vs nddebug.trace(), interleaved."""
-    traced = mnist_cnn.make_custom_step(model)
-    t0 = time.perf_counter()
-    with nddebug.trace() as first_rec:
-        traced(x, y)
-    first_call_s = time.perf_counter() - t0
-    if first_rec.warnings:
-        print("warnings while tracing:", *first_rec.warnings[:5], sep="\n  ")
+def _first_traced_call(step: Any, x: Any, y: Any, pure: bool) -> tuple[float, Any]:
+    previous = os.environ.get(native.ENV)
+    if pure:
+        os.environ[native.ENV] = "0"
+    try:
+        t0 = time.perf_counter()
+        with nddebug.trace() as rec:
+            step(x, y)
+        return time.perf_counter() - t0, rec
+    finally:
+        if previous is None:
+            os.environ.pop(native.ENV, None)
+        else:
+            os.environ[native.ENV] = previous
 
-    def one_block() -> None:
-        with nddebug.trace():
-            traced(x, y)
 
-    def long_block() -> None:
-        with nddebug.trace():
-            for _ in range(steps):
-                traced(x, y)
+def measure_nddebug(model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: int) -> dict:
+    """plain vs trace() (both paths) vs outside trace(), interleaved; first calls; sizes."""
+    first = {"plain": _timed(lambda: mnist_cnn.make_custom_step(model)(x, y))}
+    fast = mnist_cnn.make_custom_step(model)
+    first[TRACE], rec = _first_traced_call(fast, x, y, pure=False)
+    pure = mnist_cnn.make_custom_step(model)
+    first[PURE], _ = _first_traced_call(pure, x, y, pure=True)
+    if rec.warnings:
+        print("warnings while tracing:", *rec.warnings[:5], sep="\n  ")
 
-    def empty_block() -> None:
-        with nddebug.trace():
-            pass
+    def block(step: Any) -> Callable[[], None]:
+        def run() -> None:
+            with nddebug.trace():
+                step(x, y)
+
+        return run
 
     variants = {
         "plain": (lambda: plain(x, y), 1, reps),
-        "trace(): one block per step": (one_block, 1, reps),
-        f"trace(): one long block ({steps} steps)": (long_block, steps, 1),
-        "instrumented, outside trace()": (lambda: traced(x, y), 1, reps),
-        "trace() enter+exit, empty block": (empty_block, 1, reps),
+        TRACE: (block(fast), 1, reps),
+        PURE: (block(pure), 1, reps),
+        OUT: (lambda: fast(x, y), 1, reps),
+        OUT_PURE: (lambda: pure(x, y), 1, reps),
     }
     for run, _, _ in variants.values():  # warm up
         run()
     cpu: dict[str, list[float]] = {}
     samples = interleave(variants, rounds, cpu)
 
-    # Recording sizes, on fresh files.
-    with nddebug.trace() as rec1:
-        traced(x, y)
-    one_path = os.path.join(tmp, "one_step.nddebug")
-    rec1.save(one_path)
-    with nddebug.trace() as recn:
-        for _ in range(steps):
-            traced(x, y)
-    many_path = os.path.join(tmp, "many_steps.nddebug")
-    recn.save(many_path)
-    one_bytes = _file_bytes(one_path)
-    many_bytes = _file_bytes(many_path)
-    recording = {
-        "one_step_file_bytes": one_bytes,
-        "one_step_events": len(rec1.events),
-        "ops": len(rec1.ops),
-        "one_step_bytes_per_event": one_bytes / max(1, len(rec1.events)),
-        "long_block_steps": steps,
-        "long_block_file_bytes": many_bytes,
-        "long_block_events": len(recn.events),
-        "long_block_bytes_per_step": many_bytes / steps,
-        "incremental_bytes_per_step": (many_bytes - one_bytes) / max(1, steps - 1),
-        "warnings": rec1.warnings,
-    }
+    transfers = {}
+    for name, step in ((TRACE, fast), (PURE, pure)):
+        before = dict(transport.COUNTS)
+        with nddebug.trace() as one:
+            step(x, y)
+        transfers[name] = {k: transport.COUNTS[k] - before[k] for k in before}
+        transfers[name]["events"] = len(one.events)
+    path = os.path.join(tempfile.mkdtemp(prefix="nddebug-bench-"), "one_step.nddebug")
+    with nddebug.trace() as one:
+        fast(x, y)
+    one.save(path)
+    size = os.path.getsize(path)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    empty = min(_timed(block(lambda *_: None)) for _ in range(5))
     return {
-        "first_call_s": first_call_s,
         **_stats(samples, cpu, {k: v[2] for k, v in variants.items()}),
-        "recording": recording,
+        "first_call_s": first,
+        "host_transfers_per_step": transfers,
+        "recording_bytes_per_step": size,
+        "empty_block_ms": _ms(empty),
     }
 
 
-def phase_b_mode(model, x, y, plain, mode: str, rounds: int, reps: int) -> dict:
-    """plain vs one tfdbg2 mode, interleaved, in this process."""
-    root = tempfile.mkdtemp(prefix=f"nddebug-bench-tfdbg-{mode}-")
-    steps_run = 0
+def measure_tfdbg(model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: int) -> dict:
+    """plain vs tfdbg2 CURT_HEALTH, interleaved, in this process."""
+    root = tempfile.mkdtemp(prefix="nddebug-bench-tfdbg-")
     try:
         tf.debugging.experimental.enable_dump_debug_info(
-            root, tensor_debug_mode=mode, circular_buffer_size=-1
+            root, tensor_debug_mode="CURT_HEALTH", circular_buffer_size=-1
         )
         try:
             step = mnist_cnn.make_custom_step(model)
-            t0 = time.perf_counter()
+            first_s = _timed(lambda: step(x, y))
+            variants = {"plain": (lambda: plain(x, y), 1, reps), DBG: (lambda: step(x, y), 1, reps)}
             step(x, y)
-            first_call_s = time.perf_counter() - t0
-            steps_run += 1
-
-            def dbg() -> None:
-                nonlocal steps_run
-                step(x, y)
-                steps_run += 1
-
-            variants = {"plain": (lambda: plain(x, y), 1, reps), mode: (dbg, 1, reps)}
-            dbg()
             plain(x, y)
             cpu: dict[str, list[float]] = {}
             samples = interleave(variants, rounds, cpu)
         finally:
             tf.debugging.experimental.disable_dump_debug_info()
-        files = _dir_bytes(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    per_step_bytes = sum(v for k, v in files.items() if k.endswith(PER_STEP_FILES))
-    one_time = sum(v for k, v in files.items() if not k.endswith(PER_STEP_FILES))
-    return {
-        "first_call_s": first_call_s,
-        **_stats(samples, cpu, {k: v[2] for k, v in variants.items()}),
-        "steps_dumped": steps_run,
-        "dump_bytes_per_step": per_step_bytes / steps_run,
-        "dump_one_time_bytes": one_time,
-        "dump_files": {k.rsplit(".", 1)[-1]: v for k, v in files.items()},
-    }
+    return {**_stats(samples, cpu, {k: v[2] for k, v in variants.items()}), "first_call_s": first_s}
+
+
+def run_workload(name: str, rounds: int, reps: int, tfdbg: bool) -> dict:
+    make_model, make_data = WORKLOADS[name]
+    model = make_model()
+    xn, yn = make_data()
+    x, y = tf.constant(xn), tf.constant(yn)
+    plain = mnist_cnn.make_custom_step(model)
+    plain(x, y)
+    measured = measure_nddebug(model, x, y, plain, rounds, reps)
+    result = {"batch": int(xn.shape[0]), "nddebug": measured}
+    if tfdbg:
+        result["tfdbg2"] = measure_tfdbg(model, x, y, plain, rounds, reps)
+    return result
+
+
+def table(results: dict[str, dict]) -> list[list[str]]:
+    rows = []
+    for wl, r in results.items():
+        a = r["nddebug"]
+        entries = [(k, a, a["first_call_s"].get(k)) for k in a["median_ms"]]
+        if "tfdbg2" in r:
+            entries.append((DBG, r["tfdbg2"], r["tfdbg2"]["first_call_s"]))
+        for name, src, first in entries:
+            first_ratio = "" if first is None else f"{first / a['first_call_s']['plain']:.2f}"
+            rows.append(
+                [
+                    wl if name == "plain" else "",
+                    name,
+                    f"{src['median_ms'][name]:.1f}",
+                    f"{src['median_ms'][name] / src['median_ms']['plain']:.2f}",
+                    f"{src['paired_ratio_to_plain'][name]:.2f}",
+                    f"{src['cpu_median_ms'][name] / src['cpu_median_ms']['plain']:.2f}",
+                    "" if first is None else f"{first:.2f} ({first_ratio}x)",
+                ]
+            )
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short run")
-    parser.add_argument("--no-tfdbg", action="store_true", help="skip phase B (tfdbg2)")
+    parser.add_argument("--no-tfdbg", action="store_true", help="skip tfdbg2")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     parser.add_argument("--out", default=RESULTS, help="JSON results file")
     args = parser.parse_args()
-    if args.quick:
-        rounds, reps, steps, b_rounds, ft_rounds = 3, 2, 3, 2, 2
-    else:
-        rounds, reps, steps, b_rounds, ft_rounds = 12, 3, 5, 6, 3
+    rounds, reps = (4, 1) if args.quick else (10, 2)
+    device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    lib = native.load()
+    print(f"device {device}; native ops: {lib.path if lib else native.problem() or 'off'}")
+    results = {}
+    for wl in args.workloads.split(","):
+        t0 = time.perf_counter()
+        results[wl] = run_workload(wl, rounds, reps, not args.no_tfdbg)
+        print(f"{wl}: {time.perf_counter() - t0:.0f} s")
 
-    model = mnist_cnn.make_model()
-    xn, yn = mnist_cnn.make_data(128)
-    x, y = tf.constant(xn), tf.constant(yn)
-    plain = mnist_cnn.make_custom_step(model)
-    t0 = time.perf_counter()
-    plain(x, y)
-    plain_first_s = time.perf_counter() - t0
-
-    tmp = tempfile.mkdtemp(prefix="nddebug-bench-")
-    try:
-        a = phase_a(model, x, y, plain, rounds, reps, steps, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    b: dict[str, dict] = {}
-    if not args.no_tfdbg:
-        for mode in TFDBG_MODES:
-            n = ft_rounds if mode == "FULL_TENSOR" else b_rounds
-            b[mode] = phase_b_mode(model, x, y, plain, mode, n, 1 if mode == "FULL_TENSOR" else 2)
-    final_loss = float(plain(x, y))
-
-    plain_ms = a["median_ms"]["plain"]
-    cpu_plain = a["cpu_median_ms"]["plain"]
-    rec = a["recording"]
-    rows = []
-    for name, ms in a["median_ms"].items():
-        extra = ""
-        if name.startswith("trace(): one block"):
-            extra = f"recording {rec['one_step_file_bytes'] / 1e6:.3f} MB/step"
-        elif name.startswith("trace(): one long"):
-            extra = f"recording {rec['long_block_bytes_per_step'] / 1e6:.3f} MB/step"
-        rows.append(
-            [
-                name,
-                f"{ms:.1f}",
-                f"{a['min_ms'][name]:.1f}",
-                f"{ms / plain_ms:.2f}",
-                f"{a['paired_ratio_to_plain'][name]:.2f}",
-                f"{a['cpu_median_ms'][name]:.0f} ({a['cpu_median_ms'][name] / cpu_plain:.2f}x)",
-                extra,
-            ]
-        )
-    for mode, r in b.items():
-        rows.append(
-            [
-                f"tfdbg2 {mode}",
-                f"{r['median_ms'][mode]:.1f}",
-                f"{r['min_ms'][mode]:.1f}",
-                f"{r['median_ms'][mode] / plain_ms:.2f}",
-                f"{r['paired_ratio_to_plain'][mode]:.2f}",
-                f"{r['cpu_median_ms'][mode]:.0f} "
-                f"({r['cpu_median_ms'][mode] / r['cpu_median_ms']['plain']:.2f}x)",
-                f"dump {r['dump_bytes_per_step'] / 1e6:.3f} MB/step",
-            ]
-        )
     print()
-    print(
-        tabulate(
-            rows,
-            headers=[
-                "variant",
-                "median ms/step",
-                "min ms",
-                "x plain (medians)",
-                "x plain (paired)",
-                "CPU ms/step (x plain)",
-                "size",
-            ],
-            disable_numparse=True,
+    headers = ["workload", "variant", "ms/step", "x plain (medians)", "x plain (paired)"]
+    headers += ["CPU x plain", "first call s (x plain)"]
+    print(tabulate(table(results), headers=headers, disable_numparse=True))
+    targets = TARGETS[device]
+    checks = []
+    for wl, r in results.items():
+        a = r["nddebug"]
+        first = a["first_call_s"][TRACE] / a["first_call_s"]["plain"]
+        for what, value in (
+            ("trace", a["paired_ratio_to_plain"][TRACE]),
+            ("outside", a["paired_ratio_to_plain"][OUT]),
+            ("first_call", first),
+        ):
+            ok = value <= targets[what]
+            checks.append({"workload": wl, "what": what, "value": value, "ok": ok})
+            print(f"[{'OK ' if ok else 'MISS'}] {wl} {what}: {value:.2f}x <= {targets[what]}x")
+        t = a["host_transfers_per_step"]
+        print(
+            f"      host transfers per traced step: {t[TRACE]} (pure-TF: {t[PURE]}); "
+            f"recording {a['recording_bytes_per_step'] / 1e6:.3f} MB/step; "
+            f"empty block {a['empty_block_ms']:.2f} ms"
         )
-    )
-    print(
-        "x plain (medians): median / phase-A plain median. x plain (paired): median over rounds "
-        "of the ratio to the plain step timed in the same round (tfdbg2: its own rounds). CPU: "
-        "this process's CPU time per step (all threads), median, and its ratio to plain."
-    )
-    one_name = "trace(): one block per step"
-    long_name = next(k for k in a["median_ms"] if k.startswith("trace(): one long"))
-    trace_ratio = a["paired_ratio_to_plain"][one_name]
-    long_ratio = a["paired_ratio_to_plain"][long_name]
-    mb = rec["one_step_file_bytes"] / 1e6
-    print(
-        f"\nrecording of one step: {rec['one_step_file_bytes']} bytes, "
-        f"{rec['one_step_events']} op executions, {rec['one_step_bytes_per_event']:.0f} B per "
-        f"op execution ({rec['ops']} ops); long block: {rec['long_block_bytes_per_step']:.0f} "
-        f"B/step, {rec['incremental_bytes_per_step']:.0f} B per additional step"
-    )
-    print(
-        f"first call (trace + instrument): plain {plain_first_s:.2f} s, nddebug "
-        f"{a['first_call_s']:.2f} s"
-        + "".join(f", tfdbg2 {m} {r['first_call_s']:.2f} s" for m, r in b.items())
-    )
-    ok = "OK " if trace_ratio <= TARGET_RATIO else "MISS"
-    print(
-        f"[{ok}] trace() one block per step {trace_ratio:.2f}x plain, paired "
-        f"({a['median_ms'][one_name] / plain_ms:.2f}x by medians; long block {long_ratio:.2f}x); "
-        f"target <= {TARGET_RATIO}x"
-    )
-    ok = "OK " if mb <= TARGET_MB_PER_STEP else "MISS"
-    print(f"[{ok}] recording {mb:.3f} MB/step; target <= {TARGET_MB_PER_STEP} MB/step")
-    print(f"(loss after the run: {final_loss:.4f})")
-
-    results = {
+    out = {
         "benchmark": "trace_overhead",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine(),
+        "device": device,
+        "native": str(lib.path) if lib else native.problem() or "off",
         "quick": args.quick,
+        "rounds": rounds,
+        "reps_per_round": reps,
         "source": source_state(),
-        "config": {
-            "model": "mnist_cnn.make_model(seed=0)",
-            "step": "mnist_cnn.make_custom_step(model) (tf.function)",
-            "batch": 128,
-            "phase_a_rounds": rounds,
-            "reps_per_round": reps,
-            "long_block_steps": steps,
-        },
-        "plain_first_call_s": plain_first_s,
-        "plain_median_ms": plain_ms,
-        "nddebug": a,
-        "ratios_to_plain_by_medians": {k: v / plain_ms for k, v in a["median_ms"].items()},
-        "ratios_to_plain_paired": a["paired_ratio_to_plain"],
-        "tfdbg2": b,
-        "targets": {
-            "trace_ratio_max": TARGET_RATIO,
-            "trace_ratio": trace_ratio,
-            "trace_ratio_ok": trace_ratio <= TARGET_RATIO,
-            "recording_mb_per_step_max": TARGET_MB_PER_STEP,
-            "recording_mb_per_step": mb,
-            "recording_ok": mb <= TARGET_MB_PER_STEP,
-        },
-        "final_loss": final_loss,
+        "workloads": results,
+        "targets": targets,
+        "checks": checks,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+        json.dump(out, f, indent=2)
     print(f"wrote {os.path.relpath(args.out, ROOT)}")
 
 
