@@ -66,7 +66,8 @@ def test_diff_names_the_op_whose_kernel_changed_under_op_determinism(tmp_path) -
     for name, env in (("plain", {}), ("deterministic", {"TF_DETERMINISTIC_OPS": "1"})):
         paths[name] = str(tmp_path / f"{name}.nddebug")
         proc = subprocess.run(
-            [sys.executable, "-m", "nddebug.runner", os.path.join(SCRIPTS, "crop_step.py")],
+            # 8 steps: one recording must show the race, even on a loaded machine.
+            [sys.executable, "-m", "nddebug.runner", os.path.join(SCRIPTS, "crop_step.py"), "8"],
             env={**os.environ, "PYTHONPATH": ROOT, "NDDEBUG_RECORD": paths[name], **env},
             capture_output=True,
             text=True,
