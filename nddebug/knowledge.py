@@ -36,7 +36,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 DEVICES = ("GPU", "CPU", "any")
 PASSES = ("forward", "backward", "both")
-KINDS = ("numerical", "random", "input pipeline", "control flow", "other")
+KINDS = ("numerical", "random", "input pipeline", "control flow", "other", "collective")
 UNDER_DETERMINISM = ("fixed", "raises", "host", "unaffected", "n/a")
 
 #: Columns of known_ops(), in order.
