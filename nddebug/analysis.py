@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from nddebug import knowledge
+from nddebug import knowledge, replicas
 from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import CALL_OPS, RERUN_INNER, Event, OpInfo, Recording
 
@@ -281,6 +281,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 units=sorted(chosen),
             )
         )
+    replicas.demote_collectives(findings, recordings, per_run_units)
     _state_propagation(findings, ref_seq)
     _entry_point(findings)
     if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
