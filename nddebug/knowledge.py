@@ -37,6 +37,9 @@ SCHEMA_VERSION = 1
 DEVICES = ("GPU", "CPU", "any")
 PASSES = ("forward", "backward", "both")
 KINDS = ("numerical", "random", "input pipeline", "control flow", "other")
+#: Kinds of sources that are not one op: calls nddebug cannot see inside. [advice] has a text
+#: for each, besides the culprit kinds.
+OPAQUE_KINDS = ("XLA cluster", "uninstrumented function")
 UNDER_DETERMINISM = ("fixed", "raises", "host", "unaffected", "n/a")
 
 #: Columns of known_ops(), in order.
@@ -220,11 +223,12 @@ def _check_advice(advice: Any, origin: str) -> None:
         raise ValueError(  # noqa: TRY004 - a broken data file is one kind of error
             f"{origin}: an [advice] table (one text per kind) is required"
         )
-    missing = sorted(set(KINDS) - set(advice))
-    unknown = sorted(set(advice) - set(KINDS))
+    kinds = KINDS + OPAQUE_KINDS
+    missing = sorted(set(kinds) - set(advice))
+    unknown = sorted(set(advice) - set(kinds))
     if missing or unknown:
         raise ValueError(
-            f"{origin}: [advice] must have exactly the kinds {sorted(KINDS)}; "
+            f"{origin}: [advice] must have exactly the kinds {sorted(kinds)}; "
             f"missing {missing}, unknown {unknown}"
         )
     for kind, text in advice.items():

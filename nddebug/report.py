@@ -13,11 +13,12 @@ from nddebug.analysis import (
     Comparison,
     compare_recordings,
     expand_reruns,
+    not_compared,
     not_rerun,
     unit_values,
 )
 from nddebug.errors import NotComparableError
-from nddebug.recording import Recording
+from nddebug.recording import OPAQUE, Recording
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,6 +79,10 @@ class Report:
         self.recordings = recordings
         self.captures = captures or []
         self.mode = mode
+        # check() on an XLA step: which program this report is of ("as compiled (XLA)" or
+        # "XLA off"), and, for the XLA-off report, the report of the step as compiled.
+        self.program = ""
+        self.as_compiled: Report | None = None
         runs, capture_runs = recordings, self.captures
         if mode == "rerun":
             if len(recordings) != 1 or recordings[0].kind != "rerun":
@@ -101,8 +106,23 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when every run computed bitwise-identical outputs for every traced op."""
-        return not self.comparison.findings and not self.comparison.paths
+        """True when every run computed bitwise-identical outputs for every traced op, and
+        nothing that could differ went uncompared (see :attr:`not_compared`)."""
+        own = not self.comparison.findings and not self.comparison.paths and not self.not_compared
+        return own and (self.as_compiled is None or self.as_compiled.ok)
+
+    @property
+    def not_compared(self) -> list[str]:
+        """What could have differed but was not compared (e.g. TF1 graph ops, variables of a
+        function called inside a graph but traced before the block): each keeps ``ok`` False."""
+        return not_compared(self.recordings)
+
+    @property
+    def verdict(self) -> str:
+        c = self.comparison
+        if c.findings or c.paths or (self.as_compiled is not None and not self.as_compiled.ok):
+            return "NOT reproducible"
+        return "reproducible" if self.ok else "no difference seen, but not everything compared"
 
     @property
     def sources(self) -> pd.DataFrame:
@@ -111,18 +131,31 @@ class Report:
 
     @property
     def culprits(self) -> pd.DataFrame:
-        """One row per divergent op: sources first, in execution order, then the rest."""
+        """One row per divergent op: sources first, in execution order, then the rest. After
+        a check of an XLA step, the rows of the step as compiled come first; ``program`` says
+        which of the two programs each row belongs to."""
         import pandas as pd
 
-        rows = [_row(f) for f in self.comparison.findings]
-        return pd.DataFrame(rows, columns=COLUMNS)
+        df = self.own_culprits
+        if self.as_compiled is not None:
+            df = pd.concat([self.as_compiled.culprits, df], ignore_index=True)
+        return df
+
+    @property
+    def own_culprits(self) -> pd.DataFrame:
+        """The rows of this report's own program only (what a renderer shows in its section)."""
+        import pandas as pd
+
+        df = pd.DataFrame([_row(f) for f in self.comparison.findings], columns=COLUMNS)
+        df["program"] = self.program
+        return df
 
     @property
     def summary(self) -> dict[str, Any]:
         c = self.comparison
         env = self.recordings[0].environment
         return {
-            "verdict": "reproducible" if self.ok else "NOT reproducible",
+            "verdict": self.verdict,
             "mode": self.mode,
             "runs": c.runs,
             "ops_traced": c.ops_traced,
@@ -193,7 +226,17 @@ def _row(f: Any) -> dict[str, Any]:
             "nddebug run --hashseed 0), seed Python's random and NumPy, sort sets and dict keys "
             "before turning them into tensors, and list files in sorted order."
         )
-    elif op.function == "uninstrumented" or op.op_type == "VariableState":
+    elif op.function in OPAQUE:
+        known = "not in the known list"
+        fix = knowledge.advice(f.kind)
+        if f.kind == "random":
+            fix += (
+                " The random op runs inside an XLA-compiled function: nddebug.check() checks the "
+                "step with XLA off to name it."
+                if op.function == "xla"
+                else " " + knowledge.advice("uninstrumented function")
+            )
+    elif op.op_type == "VariableState":
         known = "not in the known list"
         fix = (
             "Let nddebug see inside: create or first call the tf.function inside "

@@ -49,7 +49,19 @@ def page(report: Report) -> str:
 
 
 def render(report: Report) -> str:
-    """The report as an HTML fragment: header, the picture of the divergence, the table."""
+    """The report as an HTML fragment: header, the picture of the divergence, the table (for
+    an XLA step checked both ways, the step as compiled first)."""
+    if report.as_compiled is not None:
+        return (
+            "<h4>The step as compiled (XLA on), as you run it</h4>\n"
+            + _render(report.as_compiled)
+            + "\n<h4>The same step with XLA off, to name the ops</h4>\n"
+            + _render(report)
+        )
+    return _render(report)
+
+
+def _render(report: Report) -> str:
     s = report.summary
     cls = "verdict-ok" if report.ok else "verdict-bad"
     if s["mode"] == "rerun":
@@ -76,7 +88,7 @@ def render(report: Report) -> str:
             f"{html.escape(p.reference_op)} vs {html.escape(p.other_op)}</p>"
         )
     parts.append(picture(report))
-    df = report.culprits
+    df = report.own_culprits
     if len(df):
         head = "".join(f"<th>{html.escape(h)}</th>" for _, h in _COLUMNS)
         body = []

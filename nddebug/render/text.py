@@ -39,6 +39,19 @@ def short_location(location: str, width: int = 44) -> str:
 
 
 def render(report: Report) -> str:
+    if report.as_compiled is not None:
+        return "\n\n".join(
+            [
+                "== The step as compiled (XLA on), as you run it ==",
+                _render(report.as_compiled),
+                "== The same step with XLA off, to name the ops ==",
+                _render(report),
+            ]
+        )
+    return _render(report)
+
+
+def _render(report: Report) -> str:
     s = report.summary
     if s["mode"] == "rerun":
         head = (
@@ -71,7 +84,7 @@ def render(report: Report) -> str:
             f"  Run {p.run} took a different path at top-level op #{p.position}: "
             f"{p.reference_op} in run 0, {p.other_op} in run {p.run}"
         )
-    df = report.culprits
+    df = report.own_culprits
     if len(df):
         shown = df.head(MAX_ROWS)
         table = [[cell(row, c) for c, _ in _TABLE] for _, row in shown.iterrows()]
