@@ -322,11 +322,16 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         warnings = [w for w in warnings if w not in xla or w == max(xla, key=len)]
     emulated = recordings[0].environment.get("emulated_device", "")
     if emulated:
+        from nddebug.emulate import FINDING, RECIPES
+
         warnings.append(
             f"Recorded under nddebug.emulate_gpu(): the advice is for a {emulated}, and the "
-            "emulated ops' divergence is the emulation's (reordered accumulation), found by "
-            "measurement like any other."
+            "emulated ops' divergence is the emulation's (reordered accumulation): each such "
+            f"source {FINDING}."
         )
+        for f in findings:
+            if f.role == "source" and f.op.op_type in RECIPES:
+                f.explanation += f" — emulated: it {FINDING}"
     return Comparison(
         runs=len(recordings),
         ops_traced=len({op.key for r in recordings for op in r.ops.values()}),
