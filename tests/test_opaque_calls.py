@@ -159,3 +159,37 @@ def test_nddebug_run_names_the_pretraced_function() -> None:
     (source,) = [c for c in json.loads(result.stdout)["culprits"] if c["role"] == "source"]
     assert source["op_type"].startswith("__inference_update"), result.stdout
     assert source["kind"] == "random" and "accumulator" in source["explanation"], result.stdout
+
+
+def test_a_savedmodel_call_is_compared_or_said_not_compared(tmp_path) -> None:
+    class Module(tf.Module):
+        def __init__(self) -> None:
+            self.acc = tf.Variable(tf.zeros([16]), name="acc")
+
+        @tf.function(input_signature=[tf.TensorSpec([16], tf.float32)])
+        def update(self, x):
+            self.acc.assign_add(tf.random.uniform([16]) * x)
+            return tf.constant(1.0)
+
+    tf.saved_model.save(Module(), str(tmp_path))
+
+    def runs(loaded) -> nddebug.Report:
+        keeper = StateKeeper([loaded.acc])
+        before = keeper.snapshot()
+        recs = []
+        for _ in range(3):
+            keeper.restore(before)
+            with nddebug.trace() as rec:
+                loaded.update(tf.ones([16]))
+            recs.append(rec)
+        return nddebug.compare(recs)
+
+    # First called inside the block, the loaded wrapper is traced there and calls the restored
+    # function from its graph, where nddebug cannot read the variables: never "ok".
+    report = runs(tf.saved_model.load(str(tmp_path)))
+    assert not report.ok and report.not_compared, str(report)
+    # Called once before, the wrapper is an opaque eager call: its variables are compared.
+    loaded = tf.saved_model.load(str(tmp_path))
+    loaded.update(tf.zeros([16]))
+    report = runs(loaded)
+    assert not report.ok and report.sources.iloc[0].kind == "random", str(report)
