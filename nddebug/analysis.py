@@ -53,6 +53,8 @@ class OpFinding:
     max_abs_diff: float | None = None
     max_ulp: int | None = None
     frac_differing: float | None = None
+    scale: float | None = None  # the largest finite |x| of the op's outputs
+    rel_diff: float | None = None  # max |Δ| / max |x|, the figure the report sorts sources by
 
 
 @dataclass

@@ -6,11 +6,13 @@ in :mod:`nddebug.render` only present what is here.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from nddebug import knowledge, quantify
 from nddebug.analysis import (
     Comparison,
+    OpFinding,
     compare_recordings,
     expand_reruns,
     not_compared,
@@ -34,6 +36,8 @@ COLUMNS = [
     "distinct_outputs",
     "max_abs_diff",
     "max_ulp",
+    "scale",
+    "rel_diff",
     "frac_differing",
     "known_cause",
     "fix",
@@ -103,6 +107,7 @@ class Report:
         self.comparison: Comparison = compare_recordings(runs)
         if len(capture_runs) >= 2:
             _attach_magnitudes(self.comparison, capture_runs)
+        _sort_by_magnitude(self.comparison.findings)
 
     @property
     def ok(self) -> bool:
@@ -131,7 +136,8 @@ class Report:
 
     @property
     def culprits(self) -> pd.DataFrame:
-        """One row per divergent op: sources first, in execution order, then the rest. After
+        """One row per divergent op: sources first, the largest relative divergence
+        (``rel_diff``) first and unmeasured ones last, then the rest in execution order. After
         a check of an XLA step, the rows of the step as compiled come first; ``program`` says
         which of the two programs each row belongs to."""
         import pandas as pd
@@ -260,6 +266,8 @@ def _row(f: Any) -> dict[str, Any]:
         "distinct_outputs": f.distinct_outputs,
         "max_abs_diff": f.max_abs_diff,
         "max_ulp": f.max_ulp,
+        "scale": f.scale,
+        "rel_diff": f.rel_diff,
         "frac_differing": f.frac_differing,
         "known_cause": known,
         "fix": fix,
@@ -272,29 +280,36 @@ def _row(f: Any) -> dict[str, Any]:
 
 
 def _attach_magnitudes(comparison: Comparison, captures: list[Recording]) -> None:
-    """Fill max_abs_diff / max_ulp / frac_differing from the full values captured in a
-    second pass (values are captured only for the ops found divergent)."""
+    """Fill the magnitudes (max_abs_diff, max_ulp, scale, rel_diff, frac_differing) from the
+    full values captured in a second pass (values are captured only for the ops found
+    divergent). Each is the largest over the op's executions and outputs; rel_diff is taken
+    per output against that output's own scale, so a large output cannot hide a small one's."""
     values = unit_values(captures)
     for f in comparison.findings:
-        worst: quantify.Divergence | None = None
+        measured: list[quantify.Divergence] = []
         for (unit_key, _slot), arrays in values.items():
-            if unit_key[1] != f.key or len(arrays) < 2:
-                continue
-            d = quantify.measure(arrays)
-            if d is None:
-                continue
-            if worst is None:
-                worst = d
-            else:
-                worst = quantify.Divergence(
-                    max(worst.max_abs_diff, d.max_abs_diff),
-                    max(worst.max_ulp, d.max_ulp),
-                    max(worst.frac_differing, d.frac_differing),
-                )
-        if worst is not None and worst.frac_differing > 0:
+            if unit_key[1] == f.key and len(arrays) >= 2:
+                d = quantify.measure(arrays)
+                if d is not None:
+                    measured.append(d)
+        if measured and max(d.frac_differing for d in measured) > 0:
             # Measured on the capture runs; if the divergence did not recur there, unknown.
-            f.max_abs_diff, f.max_ulp, f.frac_differing = (
-                worst.max_abs_diff,
-                worst.max_ulp,
-                worst.frac_differing,
-            )
+            f.max_abs_diff = max(d.max_abs_diff for d in measured)
+            f.max_ulp = max(d.max_ulp for d in measured)
+            f.scale = max(d.scale for d in measured)
+            f.rel_diff = max(d.rel_diff for d in measured)
+            f.frac_differing = max(d.frac_differing for d in measured)
+
+
+def _sort_by_magnitude(findings: list[OpFinding]) -> None:
+    """Sources by relative divergence, largest first, unmeasured last; the sort is stable, so
+    ties keep execution order and the other roles keep the analysis's order."""
+    order = {"source": 0, "control flow": 1, "propagated": 2}
+
+    def rank(f: OpFinding) -> float:
+        if f.role != "source":
+            return 0.0
+        rel = f.rel_diff
+        return -rel if rel is not None and rel == rel else math.inf
+
+    findings.sort(key=lambda f: (order[f.role], rank(f)))

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nddebug.render.text import cell
+from nddebug.render.text import RELATIVE_NOTE, cell
 
 if TYPE_CHECKING:
     from nddebug.recording import Recording
@@ -23,6 +23,8 @@ _COLUMNS = [
     ("distinct_outputs", "distinct"),
     ("max_abs_diff", "max |Δ|"),
     ("max_ulp", "max ULP"),
+    ("scale", "max |x|"),
+    ("rel_diff", "rel |Δ|"),
     ("known_cause", "known cause"),
     ("fix", "fix"),
 ]
@@ -96,6 +98,8 @@ def _render(report: Report) -> str:
             cells = "".join(f"<td>{html.escape(cell(row, c, None))}</td>" for c, _ in _COLUMNS)
             body.append(f'<tr class="{html.escape(row["role"].replace(" ", "-"))}">{cells}</tr>')
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+        if df["rel_diff"].notna().any():
+            parts.append(f'<p class="note">{html.escape(RELATIVE_NOTE)}</p>')
     parts.append("</div>")
     return "\n".join(parts)
 

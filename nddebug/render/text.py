@@ -20,8 +20,13 @@ _TABLE = [
     ("distinct_outputs", "distinct"),
     ("max_abs_diff", "max |Δ|"),
     ("max_ulp", "max ULP"),
+    ("rel_diff", "rel |Δ|"),
 ]
 MAX_ROWS = 25
+RELATIVE_NOTE = (
+    "rel |Δ| = max |Δ| / max |x|, the difference against the output's largest value; sources "
+    "are sorted by it (float32 rounding is about 1e-7, float16 1e-3, bfloat16 1e-2)"
+)
 
 
 def fmt_number(value: Any) -> str:
@@ -91,12 +96,15 @@ def _render(report: Report) -> str:
         lines += ["", tabulate(table, headers=[h for _, h in _TABLE], tablefmt="simple")]
         if len(df) > MAX_ROWS:
             lines.append(f"  … and {len(df) - MAX_ROWS} more (report.culprits has them all)")
+        if df["rel_diff"].notna().any():
+            lines.append(f"  {RELATIVE_NOTE}")
         sources = df[df["role"] == "source"]
         for _, row in sources.iterrows():
             lines += [
                 "",
                 f"Source: {row['op_type']} ({row['op_name'].strip('()')}) — {row['kind']}",
                 f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
+                *_wrap("size: ", _size(row)),
                 *_wrap("why: ", row["explanation"]),
                 *_wrap("known: ", _known(row)),
                 *_wrap("fix: ", row["fix"]),
@@ -114,6 +122,18 @@ def cell(row: Any, column: str, width: int | None = 44) -> str:
     if column == "location":
         return short_location(str(row[column]), width) if width else str(row[column])
     return fmt_number(row[column])
+
+
+def _size(row: Any) -> str:
+    """The divergence in words, relative figure first ("" when it was not measured)."""
+    rel = row["rel_diff"]
+    if rel is None or rel != rel:
+        return ""
+    return (
+        f"max |Δ| {fmt_number(row['max_abs_diff'])} against the output's max |x| "
+        f"{fmt_number(row['scale'])}: {fmt_number(rel)} of its scale "
+        f"(max ULP {fmt_number(row['max_ulp'])})"
+    )
 
 
 def _known(row: Any) -> str:
