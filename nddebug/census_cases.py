@@ -1179,6 +1179,23 @@ for _op in ("XlaLaunch", "XlaLaunchV2", "_XlaCompile", "_XlaRun"):
     )
 
 
+# Collectives (tf.distribute) ---------------------------------------------------------------------
+
+for _op in (
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveReduceScatterV2",
+    "NcclAllReduce", "NcclReduce", "CollectiveGather", "CollectiveGatherV2",
+    "CollectiveAllToAllV2", "CollectiveAllToAllV3", "CollectiveBcastSend", "CollectiveBcastSendV2",
+    "CollectiveBcastRecv", "CollectiveBcastRecvV2", "CollectivePermute", "NcclBroadcast",
+):  # fmt: skip
+    _skip(
+        _op,
+        "tf.distribute all-reduce / all-gather / broadcast",
+        "needs a group of replicas, not one op in one worker: check a distributed step with "
+        "nddebug.check() and nddebug.replica_consistency() (docs/distributed.md)",
+        kind="collective",
+    )
+
+
 # Random ops (unseeded), Timestamp, input pipelines ----------------------------------------------
 
 
