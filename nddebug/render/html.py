@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nddebug.render.text import cell
+from nddebug.render.text import RELATIVE_NOTE, cell
 
 if TYPE_CHECKING:
     from nddebug.recording import Recording
@@ -23,6 +23,8 @@ _COLUMNS = [
     ("distinct_outputs", "distinct"),
     ("max_abs_diff", "max |Δ|"),
     ("max_ulp", "max ULP"),
+    ("scale", "max |x|"),
+    ("rel_diff", "rel |Δ|"),
     ("known_cause", "known cause"),
     ("fix", "fix"),
 ]
@@ -49,7 +51,19 @@ def page(report: Report) -> str:
 
 
 def render(report: Report) -> str:
-    """The report as an HTML fragment: header, the picture of the divergence, the table."""
+    """The report as an HTML fragment: header, the picture of the divergence, the table (for
+    an XLA step checked both ways, the step as compiled first)."""
+    if report.as_compiled is not None:
+        return (
+            "<h4>The step as compiled (XLA on), as you run it</h4>\n"
+            + _render(report.as_compiled)
+            + "\n<h4>The same step with XLA off, to name the ops</h4>\n"
+            + _render(report)
+        )
+    return _render(report)
+
+
+def _render(report: Report) -> str:
     s = report.summary
     cls = "verdict-ok" if report.ok else "verdict-bad"
     if s["mode"] == "rerun":
@@ -76,7 +90,7 @@ def render(report: Report) -> str:
             f"{html.escape(p.reference_op)} vs {html.escape(p.other_op)}</p>"
         )
     parts.append(picture(report))
-    df = report.culprits
+    df = report.own_culprits
     if len(df):
         head = "".join(f"<th>{html.escape(h)}</th>" for _, h in _COLUMNS)
         body = []
@@ -84,6 +98,8 @@ def render(report: Report) -> str:
             cells = "".join(f"<td>{html.escape(cell(row, c, None))}</td>" for c, _ in _COLUMNS)
             body.append(f'<tr class="{html.escape(row["role"].replace(" ", "-"))}">{cells}</tr>')
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+        if df["rel_diff"].notna().any():
+            parts.append(f'<p class="note">{html.escape(RELATIVE_NOTE)}</p>')
     parts.append("</div>")
     return "\n".join(parts)
 
