@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nddebug import knowledge, quantify
+from nddebug import environment, knowledge, quantify
 from nddebug.analysis import (
     Comparison,
     compare_recordings,
@@ -20,7 +20,11 @@ from nddebug.errors import NotComparableError
 from nddebug.recording import Recording
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pandas as pd
+
+    from nddebug.verify import Raised
 
 COLUMNS = [
     "op_type",
@@ -74,11 +78,17 @@ class Report:
         recordings: list[Recording],
         mode: str = "compare",
         captures: list[Recording] | None = None,
+        errors: list[Raised] | None = None,
     ) -> None:
         self.recordings = recordings
         self.captures = captures or []
         self.mode = mode
+        #: Ops that raised instead of running (no deterministic kernel here): never "ok".
+        self.errors = errors or []
         runs, capture_runs = recordings, self.captures
+        if self.errors and len(runs) < 2:
+            self.comparison = Comparison(0, 0, 0, [], [], [], [])
+            return
         if mode == "rerun":
             if len(recordings) != 1 or recordings[0].kind != "rerun":
                 raise NotComparableError(
@@ -102,7 +112,7 @@ class Report:
     @property
     def ok(self) -> bool:
         """True when every run computed bitwise-identical outputs for every traced op."""
-        return not self.comparison.findings and not self.comparison.paths
+        return not (self.comparison.findings or self.comparison.paths or self.errors)
 
     @property
     def sources(self) -> pd.DataFrame:
@@ -120,9 +130,11 @@ class Report:
     @property
     def summary(self) -> dict[str, Any]:
         c = self.comparison
-        env = self.recordings[0].environment
+        env = self.recordings[0].environment if self.recordings else environment.capture()
         return {
-            "verdict": "reproducible" if self.ok else "NOT reproducible",
+            "verdict": "NOT checked"
+            if self.errors and not c.runs
+            else ("reproducible" if self.ok else "NOT reproducible"),
             "mode": self.mode,
             "runs": c.runs,
             "ops_traced": c.ops_traced,
@@ -139,7 +151,7 @@ class Report:
     @property
     def mode_note(self) -> str:
         note = MODES.get(self.mode, "")
-        if self.mode == "rerun":
+        if self.mode == "rerun" and self.recordings:
             missed = not_rerun(self.recordings[0])
             if missed:
                 note += ". Not re-executed here: " + "; ".join(
@@ -150,11 +162,21 @@ class Report:
     @property
     def not_covered(self) -> dict[str, list[str]]:
         """In rerun mode, the op types that were not re-executed, by reason."""
-        return not_rerun(self.recordings[0]) if self.mode == "rerun" else {}
+        return not_rerun(self.recordings[0]) if self.mode == "rerun" and self.recordings else {}
 
     @property
     def warnings(self) -> list[str]:
         return self.comparison.warnings
+
+    def verify(
+        self, script: str | None = None, args: Sequence[str] = (), runs: int = 3, **env: str
+    ) -> pd.DataFrame:
+        """Re-run the step with each source's fix applied, in fresh processes (the fixes are
+        process-wide): per source "fixed", "still divergent", "raises here" or "not
+        verified" (see :func:`nddebug.verify.verify`; a check() step needs ``script``)."""
+        from nddebug.verify import verify
+
+        return verify(self, script=script, args=args, runs=runs, env=env)
 
     def save(self, path: str) -> None:
         """Write every recording (and capture run) to one file; nddebug.load() reads it back."""
