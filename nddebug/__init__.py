@@ -26,6 +26,7 @@ from nddebug.errors import (
 )
 from nddebug.knowledge import known_ops
 from nddebug.recording import Recording
+from nddebug.replicas import ReplicaConsistency, replica_consistency
 from nddebug.report import Report
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "NotComparableError",
     "Recording",
     "RecordingFileError",
+    "ReplicaConsistency",
     "Report",
     "TraceError",
     "assert_deterministic",
@@ -60,6 +62,7 @@ __all__ = [
     "emulated_op_types",
     "known_ops",
     "load",
+    "replica_consistency",
     "trace",
 ]
 

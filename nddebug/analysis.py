@@ -16,9 +16,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from nddebug import knowledge
+from nddebug import knowledge, replicas
 from nddebug.errors import EmptyTraceError, NotComparableError
-from nddebug.recording import CALL_OPS, RERUN_INNER, Event, OpInfo, Recording
+from nddebug.recording import (
+    CALL_OPS,
+    NOT_COMPARED,
+    OPAQUE,
+    RERUN_INNER,
+    XLA_NOTE,
+    Event,
+    OpInfo,
+    Recording,
+)
 
 # A unit is one op execution identified across runs: (eager index in run 0, key, occurrence).
 Unit = tuple[int, str, int]
@@ -44,6 +53,8 @@ class OpFinding:
     max_abs_diff: float | None = None
     max_ulp: int | None = None
     frac_differing: float | None = None
+    scale: float | None = None  # the largest finite |x| of the op's outputs
+    rel_diff: float | None = None  # max |Δ| / max |x|, the figure the report sorts sources by
 
 
 @dataclass
@@ -281,6 +292,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 units=sorted(chosen),
             )
         )
+    replicas.demote_collectives(findings, recordings, per_run_units)
     _state_propagation(findings, ref_seq)
     _entry_point(findings)
     if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
@@ -308,13 +320,21 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 f.role = "propagated"
         findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
     warnings = sorted({w for r in recordings for w in r.warnings})
+    xla = [w for w in warnings if w.endswith(XLA_NOTE)]
+    if len(xla) > 1:  # runs that traced more saw more functions: keep the fullest, once
+        warnings = [w for w in warnings if w not in xla or w == max(xla, key=len)]
     emulated = recordings[0].environment.get("emulated_device", "")
     if emulated:
+        from nddebug.emulate import FINDING, RECIPES
+
         warnings.append(
             f"Recorded under nddebug.emulate_gpu(): the advice is for a {emulated}, and the "
-            "emulated ops' divergence is the emulation's (reordered accumulation), found by "
-            "measurement like any other."
+            "emulated ops' divergence is the emulation's (reordered accumulation): each such "
+            f"source {FINDING}."
         )
+        for f in findings:
+            if f.role == "source" and f.op.op_type in RECIPES:
+                f.explanation += f" — emulated: it {FINDING}"
     return Comparison(
         runs=len(recordings),
         ops_traced=len({op.key for r in recordings for op in r.ops.values()}),
@@ -406,6 +426,53 @@ def _op_for(recordings: list[Recording], per_run_units: list[dict[Unit, Event]],
 
 
 _RANDOM_HINTS = ("Random", "Multinomial", "Stateful", "TruncatedNormal", "RngReadAndSkip")
+
+
+def _explain_opaque(f: OpFinding, device: str) -> None:
+    """A call nddebug could not see inside (an XLA cluster, a function traced before the block)
+    is the source: say what its op list tells about why, since its ops were not recorded."""
+    op = f.op
+    what = (
+        "an XLA-compiled function (cluster)"
+        if op.function == "xla"
+        else ("a tf.function traced before nddebug.trace() (its inner ops were not recorded)")
+    )
+    f.kind = "XLA cluster" if op.function == "xla" else "uninstrumented function"
+    inside = op.attrs.get("ops_inside", [])
+    random = sorted(
+        t.replace("(unseeded)", " (no seed)").replace("(random)", "")
+        for t in inside
+        if t.endswith(("(unseeded)", "(random)"))
+    )
+    known = sorted(
+        {t for t in inside if (c := knowledge.lookup(t, device)) is not None and c.kind != "random"}
+    )
+    more = len(op.written) - 4
+    shown = ", ".join(op.written[:4]) + (f" and {more} more" if more > 0 else "")
+    state = f" and the variables it captures ({shown})" if op.written else ""
+    f.explanation = (
+        f"{what}: its outputs{state} were compared after each call, and differ although its "
+        "inputs (and those variables before the call) were identical"
+    )
+    if random:
+        f.kind = "random"
+        f.explanation += f"; it holds stateful random op(s): {', '.join(random)}"
+    elif known:
+        f.explanation += f"; known culprits inside it: {', '.join(known[:6])}"
+
+
+def not_compared(recordings: list[Recording]) -> list[str]:
+    """What the runs could not compare (from their recorders): a verdict cannot be "ok"."""
+    return sorted(
+        {
+            w[len(NOT_COMPARED) :]
+            for r in recordings
+            for w in r.warnings
+            if w.startswith(NOT_COMPARED)
+        }
+    )
+
+
 _PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue")
 
 
@@ -438,12 +505,8 @@ def _explain(f: OpFinding, device: str = "") -> None:
             "order that depends on PYTHONHASHSEED, time)"
         )
         return
-    if op.function == "uninstrumented":
-        f.kind = "other"
-        f.explanation = (
-            "a tf.function whose inner ops were not recorded (it was traced before "
-            "nddebug.trace(), or is compiled with XLA), so the divergence is somewhere inside it"
-        )
+    if op.function in OPAQUE:
+        _explain_opaque(f, device)
         return
     if op.op_type == "VariableState":
         f.kind = "other"

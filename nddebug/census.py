@@ -36,7 +36,7 @@ from nddebug.knowledge import Culprit, device_kind, lookup
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["COLUMNS", "CensusError", "census", "to_text"]
+__all__ = ["COLUMNS", "CensusError", "census", "diff", "read", "stable_csv", "to_text"]
 
 #: Columns of the census DataFrame, in order.
 COLUMNS = (
@@ -163,9 +163,11 @@ def _measure(case: census_cases.Case, device: str, repeats: int) -> dict[str, An
                             tf.convert_to_tensor(g)  # dense, as optimizers without sparse updates
                     result = []
                 else:
-                    result = tf.nest.flatten(program.fn(*inputs))
+                    result = [t for t in tf.nest.flatten(program.fn(*inputs)) if t is not None]
                 graph = tf.compat.v1.get_default_graph()
                 found = [op for op in graph.get_operations() if op.type == case.op_type]
+                if not found and case.call_outputs_if_absent:
+                    return result  # graph_ops shows the op is absent; _agreement reads that
                 if not found:
                     have = sorted({op.type for op in graph.get_operations()} - _PLUMBING)
                     raise _CaseError(
@@ -199,6 +201,8 @@ def _measure(case: census_cases.Case, device: str, repeats: int) -> dict[str, An
                 context.disable_run_metadata()
                 ctx.disable_graph_collection()
             kernels, ran_on = _kernels(metadata, set(targets))
+            if not targets:  # the call avoided the op: say where the call's outputs came from
+                kernels, ran_on = [], [device_kind(device)]
             if "Const" in kernels:
                 raise _CaseError("grappler folded the op into a constant: nothing was measured")
             row["kernel"], row["ran_on"] = " ".join(kernels), " ".join(ran_on)
@@ -297,14 +301,18 @@ def _worker(stream: Any) -> int:
 
 
 def _agreement(row: dict[str, Any], entry: Culprit | None, kind: str) -> str:
-    """How the measurement compares with what the knowledge base says for this device."""
+    """How the measurement compares with what the knowledge base says for this device.
+
+    ``entry`` is None for an op the knowledge base does not list, and also where its entry does
+    not apply: the case is outside the entry's condition, or the call did not create the op.
+    """
     error = row.get("error") or ""
     if error.startswith(_SKIPPED):
         return "not measured"
     raised = bool(error) and "determinis" in error.lower()  # TF's "...when determinism is..."
+    if error and entry is not None and entry.under_determinism == "n/a":
+        return "agrees"  # the knowledge base says the op cannot run at all
     if error and not raised:
-        if entry is not None and entry.under_determinism == "n/a":
-            return "agrees"  # the knowledge base says the op cannot run at all
         if "not available in GraphDef version" in error:
             return "op removed from TensorFlow"
         return "error"
@@ -340,8 +348,30 @@ def _complete(row: dict[str, Any], determinism: bool) -> dict[str, Any]:
     kind = device_kind(where) or device_kind(row.get("device"))
     entry = lookup(row["op_type"], kind)
     row["known"] = f"{entry.device}: {entry.under_determinism}" if entry else ""
-    row["agreement"] = _agreement(row, entry, kind)
+    row["agreement"] = _agreement(row, _applicable(row, entry), kind)
     return {c: row.get(c) for c in COLUMNS}
+
+
+def _applicable(row: dict[str, Any], entry: Culprit | None) -> Culprit | None:
+    """The entry, unless this measurement is outside what it describes: the case does not meet
+    the entry's condition (training-mode batch norm), or the call did not create the op."""
+    if entry is None:
+        return None
+    graph_ops = (row.get("graph_ops") or "").split()
+    if graph_ops and row["op_type"] not in graph_ops:
+        return None
+    case = _CASES_BY_KEY.get(_key(row))
+    if case is not None and case.outside_condition and entry.condition:
+        return None
+    return entry
+
+
+def _key(row: dict[str, Any]) -> str:
+    """The catalogue key of a row (also of a row read back from a census file)."""
+    return f"{row['op_type']} | {row['api']} | {row['size']}"
+
+
+_CASES_BY_KEY = {case.key: case for case in census_cases.CASES}
 
 
 class _Sink:
@@ -654,10 +684,113 @@ def to_text(df: pandas.DataFrame, width: int = 48) -> str:
     return text
 
 
+# =========================================================================== keeping and diffing
+
+#: What identifies a measurement across census files, and what a diff compares.
+_ID = ("op_type", "pass", "api", "size", "determinism")
+
+
+def read(path: str | os.PathLike[str]) -> pandas.DataFrame:
+    """A census written by ``census(path=...)``, ``--save``, ``--format csv/json`` or
+    :func:`stable_csv`, as a DataFrame with :data:`COLUMNS` (missing ones empty)."""
+    import pandas
+
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise CensusError(f"cannot read census file {path!r}: {exc}") from None
+    if path.lower().endswith(".csv"):
+        import io
+
+        df = pandas.read_csv(io.StringIO(text), dtype={"size": str, "api": str})
+    else:
+        stripped = text.lstrip()
+        if stripped.startswith("{") and '"rows"' in stripped[:200]:
+            records = json.loads(text)["rows"]  # nddebug census --format json
+        else:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        df = pandas.DataFrame(records)
+    missing = [c for c in _ID if c not in df.columns]
+    if missing:
+        raise CensusError(f"{path}: not a census table (no column(s) {missing})")
+    for column in COLUMNS:
+        if column not in df.columns:
+            df[column] = None
+    return df[list(COLUMNS)]
+
+
+def stable_csv(df: pandas.DataFrame) -> str:
+    """The census as CSV that diffs cleanly between machines and runs: sorted by op type, pass,
+    TF call, size and setting, without the timing column."""
+    columns = [c for c in COLUMNS if c != "seconds"]
+    ordered = df.sort_values(list(_ID), kind="stable")
+    return ordered[columns].to_csv(index=False, lineterminator="\n")
+
+
+def diff(a: pandas.DataFrame, b: pandas.DataFrame) -> pandas.DataFrame:
+    """Measurements whose result or agreement differ between two censuses (e.g. two GPUs, two
+    TF versions): one row per (case, setting), with each side's result ("-": not in that
+    census). Timing and the exact ULP count are not compared; "NON-DET" against
+    "deterministic", a raise, an error or a changed agreement are."""
+    import pandas
+
+    def cells(df: pandas.DataFrame) -> dict[tuple[str, ...], tuple[str, str]]:
+        out = {}
+        for _, row in df.iterrows():
+            verdict = _cell(row)
+            verdict = verdict.split(" ", 1)[0] if verdict.startswith("NON-DET") else verdict
+            out[tuple(str(row[c]) for c in _ID)] = (verdict, str(row["agreement"] or ""))
+        return out
+
+    left, right = cells(a), cells(b)
+    rows = []
+    for key in sorted(set(left) | set(right)):
+        was, now = left.get(key, ("-", "")), right.get(key, ("-", ""))
+        if was != now:
+            rows.append(
+                {
+                    **dict(zip(_ID, key, strict=True)),
+                    "a": was[0],
+                    "b": now[0],
+                    "agreement_a": was[1],
+                    "agreement_b": now[1],
+                }
+            )
+    columns = [*_ID, "a", "b", "agreement_a", "agreement_b"]
+    return pandas.DataFrame(rows, columns=columns)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m nddebug.census --diff A B`` and ``--stable-csv IN``."""
+    if len(argv) == 3 and argv[0] == "--diff":
+        changes = diff(read(argv[1]), read(argv[2]))
+        if changes.empty:
+            print(f"No measurement differs between {argv[1]} and {argv[2]}.")
+            return 0
+        from tabulate import tabulate
+
+        print(tabulate(changes.values.tolist(), headers=list(changes.columns)))
+        return 1
+    if len(argv) == 2 and argv[0] == "--stable-csv":
+        sys.stdout.write(stable_csv(read(argv[1])))
+        return 0
+    print(
+        "usage: python -m nddebug.census --diff A B | --stable-csv FILE "
+        "(A, B, FILE: census tables, .csv or JSON lines)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--worker"]:
         # Results go to a private copy of stdout; anything else printed goes to stderr.
         results = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)
         sys.exit(_worker(results))
-    sys.exit("usage: python -m nddebug.census --worker (internal); use `nddebug census`")
+    try:
+        sys.exit(_main(sys.argv[1:]))
+    except CensusError as exc:
+        sys.exit(f"nddebug census: {exc}")

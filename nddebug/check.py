@@ -21,8 +21,8 @@ def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
     jit = getattr(fn, "_jit_compile", None)
     if jit:
         warnings.append(
-            "XLA (jit_compile=True) was switched off for the checked function: XLA clusters "
-            "cannot hold nddebug's host callbacks."
+            "XLA (jit_compile=True) was switched off for the checked function, so that its ops "
+            "are recorded one by one (XLA clusters cannot hold nddebug's host callbacks)."
         )
     return tf.function(
         fn.python_function,
@@ -84,8 +84,6 @@ def check(
     models = st.keras_models(state)
     keeper = st.StateKeeper(state)
     before = keeper.snapshot()
-    runs: list[Recording] = []
-    captures: list[Recording] = []
 
     def one_run(step: Callable[..., Any], label: str, capture: set[str] | None = None) -> Recording:
         keeper.restore(before)
@@ -103,49 +101,72 @@ def check(
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)
         return rec
 
+    def compared(step: Callable[..., Any], retrace: Callable[[], Callable[..., Any]]) -> Report:
+        """Warm up, run the compared repeats (or the one rerun step) and, if ops diverged,
+        measure them on two capture runs of a freshly traced ``retrace()``."""
+        runs: list[Recording] = []
+        warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
+        if keeper.unreadable:
+            warnings.append(
+                "Could not read the initial value of variable(s) created by the step "
+                f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
+            )
+        warnings.extend(w for w in warm.warnings if w not in warnings)
+        if mode == "repeat" and state is None and any(op.resource for op in warm.ops.values()):
+            warnings.append(
+                "The step reads or updates variables but no state= was given: every repeat "
+                "starts from whatever the previous one left. Pass the model, optimizer or "
+                "variables as state= to restore them."
+            )
+        if mode == "rerun":
+            # One traced step is the whole check: its ops were compared with themselves.
+            runs.append(warm)
+            if path is not None:
+                warm.save(path)
+        for i in range(repeats if mode == "repeat" else 0):
+            runs.append(one_run(step, f"repeat {i}"))
+            if path is not None:
+                runs[-1].save(path)
+        report = Report(runs, mode=mode)
+        keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
+        # Rerun mode measured divergent outputs as it went: no second pass.
+        if quantify and keys and mode == "repeat":
+            step = retrace()
+            one_run(step, "capture warm-up", keys)
+            captures = []
+            for j in range(2):
+                captures.append(one_run(step, f"capture {j}", keys))
+                if path is not None:
+                    captures[-1].save(path)
+            report = Report(runs, mode="repeat", captures=captures)
+        return report
+
     from nddebug.emulate import emulate_gpu as emulation
 
     try:
-        with (
-            emulation() if emulate_gpu else contextlib.nullcontext(),
-            st.fresh_keras_functions(models, warnings),
-        ):
-            step = _fresh(fn, warnings)
-            warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
-            if keeper.unreadable:
-                warnings.append(
-                    "Could not read the initial value of variable(s) created by the step "
-                    f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
-                )
-            warnings.extend(w for w in warm.warnings if w not in warnings)
-            if mode == "repeat" and state is None and any(op.resource for op in warm.ops.values()):
-                warnings.append(
-                    "The step reads or updates variables but no state= was given: every repeat "
-                    "starts from whatever the previous one left. Pass the model, optimizer or "
-                    "variables as state= to restore them."
-                )
-            if mode == "rerun":
-                # One traced step is the whole check: its ops were compared with themselves.
-                runs.append(warm)
-                if path is not None:
-                    warm.save(path)
-            for i in range(repeats if mode == "repeat" else 0):
-                runs.append(one_run(step, f"repeat {i}"))
-                if path is not None:
-                    runs[-1].save(path)
-            report = Report(runs, mode=mode)
-            keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
-            # Rerun mode measured divergent outputs as it went: no second pass.
-            if quantify and keys and mode == "repeat":
-                # Retrace, so that the graphs hand the chosen outputs' values to the host.
-                step = _fresh(fn, [])
-                st.reset_keras_functions(models)
-                one_run(step, "capture warm-up", keys)
-                for j in range(2):
-                    captures.append(one_run(step, f"capture {j}", keys))
-                    if path is not None:
-                        captures[-1].save(path)
-                report = Report(runs, mode="repeat", captures=captures)
+        with emulation() if emulate_gpu else contextlib.nullcontext():
+            as_compiled = None
+            if _uses_xla(fn, models) and mode == "repeat":
+                # The program as the user runs it first: XLA clusters are compared at their
+                # boundary (outputs and the variables they write), not op by op.
+                with st.keras_functions_kept(models):
+                    as_compiled = compared(fn, lambda: fn)
+                as_compiled.program = "as compiled (XLA)"
+            if as_compiled is None or not as_compiled.ok:
+                with st.fresh_keras_functions(models, warnings):
+
+                    def retrace() -> Callable[..., Any]:
+                        # Retrace, so that the graphs hand the chosen outputs' values to the
+                        # host.
+                        st.reset_keras_functions(models)
+                        return _fresh(fn, [])
+
+                    report = compared(_fresh(fn, warnings), retrace)
+                if as_compiled is not None:
+                    report.program = "XLA off"
+                    report.as_compiled = as_compiled
+            else:
+                report = as_compiled
     except BaseException as exc:
         keeper.restore(before)
         if type(exc).__name__ != "UnimplementedError":
@@ -154,7 +175,7 @@ def check(
         # to do instead, rather than end with TensorFlow's traceback.
         from nddebug.verify import raised_from
 
-        return Report(runs, mode=mode, errors=[raised_from(exc)])
+        return Report([], mode=mode, errors=[raised_from(exc)])
     # Leave the state as after one ordinary, uninstrumented step of the user's own function:
     # instrumented graphs can fuse ops differently, so their last bits need not match it.
     keeper.restore(before)
@@ -163,6 +184,14 @@ def check(
             st.set_seeds(seed)
         fn(*args, **kwargs)
     return report
+
+
+def _uses_xla(fn: Callable[..., Any], models: list[Any]) -> bool:
+    """Whether the step as the user wrote it compiles with XLA: a tf.function with
+    jit_compile, or a Keras model compiled with it (Keras' default on a GPU)."""
+    if getattr(fn, "_jit_compile", None):
+        return True
+    return any(getattr(m, "jit_compile", False) for m in models)
 
 
 def assert_deterministic(

@@ -1,6 +1,6 @@
 """The first-minute demo: check a real training step that has a real CPU culprit.
 
-Run ``python -m nddebug.demo``. The step crops 1024 overlapping boxes from a feature map
+Run ``python -m nddebug.demo``. The step crops 4096 overlapping boxes from a feature map
 (a detection head); TensorFlow's CPU ``CropAndResizeGradImage`` kernel races on them.
 """
 

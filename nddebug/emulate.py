@@ -16,6 +16,12 @@ The tracer is not told which ops were emulated: it sees the op with its original
 emulated outputs, so the emulated culprits are found by measurement like any other. Only graphs
 (``tf.function``, Keras ``fit``/``train_on_batch``) can be emulated: TensorFlow ignores what an
 op callback returns for an eager op, so eager ops run unchanged, with a warning.
+
+What an emulated finding means: the op *could* diverge on a GPU, when the GPU runs a
+non-deterministic kernel for it. Whether it does depends on the shapes, the GPU and the library
+versions: on an H100 the seed-000 CNN's Conv2DBackpropInput was deterministic (cuDNN chose a
+deterministic kernel) while a ResNet-like model's was not. :data:`FINDING` says so in words;
+``emulated_op_types()`` shows, per op, what a real GPU measurement found.
 """
 
 from __future__ import annotations
@@ -37,7 +43,13 @@ from nddebug import knowledge
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["RECIPES", "Recipe", "emulate_gpu", "emulated_op_types", "is_active"]
+__all__ = ["FINDING", "RECIPES", "Recipe", "emulate_gpu", "emulated_op_types", "is_active"]
+
+#: How to present an op found under emulation: a possibility, not a measurement of a GPU.
+FINDING = (
+    "could diverge on a GPU when the non-deterministic kernel is chosen (emulated on the CPU: "
+    "whether a GPU chooses it depends on the shapes, the GPU and the cuDNN/TF versions)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +96,16 @@ RECIPES: dict[str, Recipe] = {
     "CropAndResizeGradImage": _r("split", 0, "grads"),
     "CropAndResizeGradBoxes": _r("split", 0, "grads"),
     "SegmentSum": _r("split", 0, "data"),
+    "SegmentMean": _r("split", 0, "data"),
     "UnsortedSegmentSum": _r("split", 0, "data"),
     "SegmentProd": _r("product", 0, "data"),
     "UnsortedSegmentProd": _r("product", 0, "data"),
     "ScatterNd": _r("split", 1, "updates"),
     "TensorScatterAdd": _r("chain", 2, "updates"),
     "TensorScatterSub": _r("chain", 2, "updates"),
+    "ScatterNdNonAliasingAdd": _r("chain", 2, "updates"),
+    "ResourceScatterNdAdd": _r("state", 2, "updates"),
+    "ResourceScatterNdSub": _r("state", 2, "updates"),
     "ResourceScatterAdd": _r("state", 2, "updates"),
     "ResourceScatterSub": _r("state", 2, "updates"),
     "ResourceScatterMul": _r("state", 2, "updates"),
@@ -99,6 +115,7 @@ RECIPES: dict[str, Recipe] = {
     "DenseBincount": _r("split", 2, "weights", note="only with non-empty float weights"),
     "AdjustContrastv2": _r("split", 0, "images"),
     "FakeQuantWithMinMaxVarsGradient": _r("split", 0, "gradients"),
+    "FakeQuantWithMinMaxVarsPerChannelGradient": _r("split", 0, "gradients"),
     "FusedBatchNormGrad": _r(
         "split", 0, "y_backprop", linear_outputs=3, note="only with is_training=False"
     ),
@@ -117,6 +134,13 @@ NOT_EMULATED: dict[str, str] = {
     "ScatterNdAdd": "TF1 reference-variable op",
     "ScatterNdSub": "TF1 reference-variable op",
     "ScatterNdUpdate": "TF1 reference-variable op",
+    **dict.fromkeys(
+        [f"Scatter{name}" for name in ("Update", "Add", "Sub", "Mul", "Div", "Min", "Max")],
+        "TF1 reference-variable op",
+    ),
+    "DepthwiseConv2dNativeBackpropInput": (
+        "only cuDNN's path (one input channel) can vary, and it was not yet measured on a GPU"
+    ),
     "ResourceScatterNdUpdate": "racing writes (which duplicate wins), not a sum",
     "TensorScatterUpdate": "racing writes (which duplicate wins), not a sum",
     "ResourceScatterUpdate": "racing writes (which duplicate wins), not a sum",
@@ -124,7 +148,7 @@ NOT_EMULATED: dict[str, str] = {
     "ResourceScatterMax": "max is exact in any order",
     "SoftmaxCrossEntropyWithLogits": "fused non-linear reduction",
     "SparseSoftmaxCrossEntropyWithLogits": "fused non-linear reduction",
-    "AdjustContrast": "clips to min/max: not linear",
+    "AdjustContrast": "removed from TensorFlow (use AdjustContrastv2)",
     "CTCLossV2": "cuDNN kernel",
     "DebugNumericSummaryV2": "debugging op",
     "XlaLaunch": "XLA cluster",
@@ -161,6 +185,20 @@ TF_MESSAGES: dict[str, str] = {
     "FakeQuantWithMinMaxVarsGradient": (
         "Determinism is not yet supported in GPU implementation of FakeQuantWithMinMaxVarsGradient."
     ),
+    "FakeQuantWithMinMaxVarsPerChannelGradient": (
+        "Determinism is not yet supported in GPU implementation of "
+        "FakeQuantWithMinMaxVarsPerChannelGradient."
+    ),
+    "SoftmaxCrossEntropyWithLogits": (
+        "The GPU implementation of SoftmaxCrossEntropyWithLogits that would have been executed "
+        "is not deterministic. Note that the Python API uses an alternative, deterministic, "
+        "GPU-accelerated path when determinism is enabled."
+    ),
+    "SparseSoftmaxCrossEntropyWithLogits": (
+        "The GPU implementation of SparseSoftmaxCrossEntropyWithLogits that would have been "
+        "executed is not deterministic. Note that the Python API uses an alternative, "
+        "deterministic, GPU-accelerated path when determinsim is enabled."  # sic: TF's typo
+    ),
     **dict.fromkeys(
         ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"),
         "A deterministic GPU implementation of fused batch-norm backprop, when training is "
@@ -173,10 +211,12 @@ TF_MESSAGES: dict[str, str] = {
 _STATE_FILL = {
     "ResourceScatterAdd": -0.0,
     "ResourceScatterSub": 0.0,
+    "ResourceScatterNdAdd": -0.0,
+    "ResourceScatterNdSub": 0.0,
     "ResourceScatterMul": 1.0,
     "ResourceScatterDiv": 1.0,
 }
-_CHAIN_FILL = {"TensorScatterAdd": -0.0, "TensorScatterSub": 0.0}
+_CHAIN_FILL = {"TensorScatterAdd": -0.0, "TensorScatterSub": 0.0, "ScatterNdNonAliasingAdd": -0.0}
 _UID = re.compile(r"_\d+$")
 
 
@@ -524,7 +564,8 @@ _WITH_DETERMINISM = {
 
 def emulated_op_types() -> pandas.DataFrame:
     """What :func:`emulate_gpu` does to each GPU culprit of the knowledge base: one row per op
-    type, with the recipe (or why there is none) and the behaviour under op determinism."""
+    type, with the recipe (or why there is none), what an emulated finding means, what a real
+    GPU showed (the knowledge base's measured_gpu) and the behaviour under op determinism."""
     import pandas
 
     rows = []
@@ -542,6 +583,8 @@ def emulated_op_types() -> pandas.DataFrame:
                     else f"not emulated: {NOT_EMULATED.get(op_type, 'no recipe')}"
                 ),
                 "linear_input": f"{recipe.index}: {recipe.input_name}" if recipe else "",
+                "finding": FINDING if recipe else "",
+                "measured_gpu": str(culprit.measured_gpu or "not measured on a GPU"),
                 "under_determinism": culprit.under_determinism,
                 "with_determinism": (
                     _WITH_DETERMINISM[culprit.under_determinism]

@@ -26,6 +26,7 @@ __all__ = [
     "PASSES",
     "UNDER_DETERMINISM",
     "Culprit",
+    "GpuMeasurement",
     "advice",
     "culprits",
     "device_kind",
@@ -33,10 +34,13 @@ __all__ = [
     "lookup",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEVICES = ("GPU", "CPU", "any")
 PASSES = ("forward", "backward", "both")
-KINDS = ("numerical", "random", "input pipeline", "control flow", "other")
+KINDS = ("numerical", "random", "input pipeline", "control flow", "other", "collective")
+#: Kinds of sources that are not one op: calls nddebug cannot see inside. [advice] has a text
+#: for each, besides the culprit kinds.
+OPAQUE_KINDS = ("XLA cluster", "uninstrumented function")
 UNDER_DETERMINISM = ("fixed", "raises", "host", "unaffected", "n/a")
 
 #: Columns of known_ops(), in order.
@@ -51,6 +55,9 @@ COLUMNS = (
     "fixed_in",
     "fix",
     "measured",
+    "measured_gpu",
+    "condition",
+    "sources_disagree",
     "sources",
 )
 
@@ -62,10 +69,31 @@ _ENUMS: dict[str, tuple[str, ...]] = {
 }
 _REQUIRED_TEXT = ("api", "mechanism", "fixed_in", "fix")
 _REQUIRED = frozenset({"op_types", "sources", *_ENUMS, *_REQUIRED_TEXT})
-_OPTIONAL = frozenset({"measured", "topic"})
-_TOP_LEVEL = frozenset({"schema_version", "sources", "advice", "culprit"})
+_OPTIONAL_TEXT = ("measured", "topic", "condition", "sources_disagree")
+_OPTIONAL = frozenset({*_OPTIONAL_TEXT, "measured_gpu"})
+_TOP_LEVEL = frozenset({"schema_version", "sources", "measurements", "advice", "culprit"})
+#: Fields of a [measurements.NAME] table: the setup a GPU measurement was made on.
+_SETUP_FIELDS = ("device", "tf", "cudnn", "cuda", "method")
+#: Fields of an entry's measured_gpu = {on = NAME, result = "..."}.
+_MEASURED_GPU_FIELDS = frozenset({"on", "result"})
 # TF op type names: CamelCase identifiers, internal ones start with "_" (e.g. _XlaRun).
 _OP_TYPE = re.compile(r"_?[A-Z][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class GpuMeasurement:
+    """What was measured on a real GPU for an entry, and on which setup: knowledge that was
+    measured, not only cited, can be re-measured when the setup changes."""
+
+    device: str  # the GPU, e.g. "NVIDIA H100 80GB HBM3"
+    tf: str  # TensorFlow version
+    cudnn: str
+    cuda: str
+    method: str  # how: the command, repeats, where the raw rows are
+    result: str  # what the measurement showed for this entry's op types
+
+    def __str__(self) -> str:
+        return f"{self.device}, TF {self.tf}, cuDNN {self.cudnn}: {self.result}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +112,12 @@ class Culprit:
     measured: str
     sources: tuple[str, ...]  # resolved citations, not keys
     topic: str = ""
+    #: The measurement on a real GPU that backs (or corrects) this entry, if any.
+    measured_gpu: GpuMeasurement | None = None
+    #: When the entry holds, if not always (e.g. "is_training=False" for fused batch norm).
+    condition: str = ""
+    #: Where sources (documents, TF's tests, our measurements) disagree, and how.
+    sources_disagree: str = ""
 
     @property
     def label(self) -> str:
@@ -125,13 +159,14 @@ def _parse(text: str, origin: str = "<string>") -> tuple[Culprit, ...]:
     for key, citation in sources.items():
         if not isinstance(citation, str) or not citation.strip():
             raise ValueError(f"{origin}: [sources] {key!r} must be a non-empty string")
+    setups = _check_measurements(data.get("measurements", {}), origin)
     if "advice" in data:
         _check_advice(data["advice"], origin)
     entries = data.get("culprit")
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{origin}: no [[culprit]] entries")
 
-    result = tuple(_entry(i, entry, sources, origin) for i, entry in enumerate(entries))
+    result = tuple(_entry(i, entry, sources, setups, origin) for i, entry in enumerate(entries))
 
     # Two entries for the same op on the same device would make lookup() ambiguous.
     seen: dict[tuple[str, str], str] = {}
@@ -147,7 +182,55 @@ def _parse(text: str, origin: str = "<string>") -> tuple[Culprit, ...]:
     return result
 
 
-def _entry(index: int, entry: Any, sources: dict[str, str], origin: str) -> Culprit:
+def _check_measurements(tables: Any, origin: str) -> dict[str, dict[str, str]]:
+    """[measurements.NAME]: the GPU setups that entries' measured_gpu refer to."""
+    if not isinstance(tables, dict):
+        raise ValueError(f"{origin}: [measurements] must be a table of named setups")  # noqa: TRY004
+    for name, setup in tables.items():
+        where = f"{origin}: [measurements.{name}]"
+        if not isinstance(setup, dict):
+            raise ValueError(f"{where}: must be a table with {list(_SETUP_FIELDS)}")  # noqa: TRY004
+        unknown = sorted(set(setup) - set(_SETUP_FIELDS))
+        missing = [k for k in _SETUP_FIELDS if k not in setup]
+        if unknown or missing:
+            raise ValueError(
+                f"{where}: needs exactly the keys {list(_SETUP_FIELDS)}; "
+                f"missing {missing}, unknown {unknown}"
+            )
+        for key, value in setup.items():
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{where}: {key!r} must be a non-empty string")
+    return tables
+
+
+def _measured_gpu(
+    value: Any, device: str, setups: dict[str, dict[str, str]], where: str
+) -> GpuMeasurement:
+    """measured_gpu = {on = "<a [measurements] name>", result = "..."}, on a GPU/any entry."""
+    if not isinstance(value, dict) or set(value) != _MEASURED_GPU_FIELDS:
+        raise ValueError(
+            f"{where}: measured_gpu must be an inline table with exactly the keys "
+            f'{sorted(_MEASURED_GPU_FIELDS)}, e.g. {{on = "h100_tf221", result = "..."}}'
+        )
+    if device == "CPU":
+        raise ValueError(f"{where}: measured_gpu on a CPU entry; GPU findings need a GPU entry")
+    if not isinstance(value["result"], str) or not value["result"].strip():
+        raise ValueError(f"{where}: measured_gpu.result must be a non-empty string")
+    if value["on"] not in setups:
+        raise ValueError(
+            f"{where}: measured_gpu.on = {value['on']!r} is not a [measurements] name "
+            f"(known: {sorted(setups)})"
+        )
+    return GpuMeasurement(result=value["result"], **setups[value["on"]])
+
+
+def _entry(
+    index: int,
+    entry: Any,
+    sources: dict[str, str],
+    setups: dict[str, dict[str, str]],
+    origin: str,
+) -> Culprit:
     """Validate one [[culprit]] table and turn it into a Culprit."""
     where = f"{origin}: {_describe(index, entry)}"
     # A wrong type in the data file is still a broken data file: one exception type
@@ -163,7 +246,7 @@ def _entry(index: int, entry: Any, sources: dict[str, str], origin: str) -> Culp
     if missing:
         raise ValueError(f"{where}: missing required key(s) {missing}")
 
-    for key in (*_ENUMS, *_REQUIRED_TEXT, *(k for k in _OPTIONAL if k in entry)):
+    for key in (*_ENUMS, *_REQUIRED_TEXT, *(k for k in _OPTIONAL_TEXT if k in entry)):
         if not isinstance(entry[key], str):
             got = type(entry[key]).__name__
             raise ValueError(f"{where}: {key!r} must be a string, got {got}")  # noqa: TRY004
@@ -198,6 +281,10 @@ def _entry(index: int, entry: Any, sources: dict[str, str], origin: str) -> Culp
             f"{where}: unknown source key(s) {unknown_sources}; add them to [sources] first"
         )
 
+    measured_gpu = None
+    if "measured_gpu" in entry:
+        measured_gpu = _measured_gpu(entry["measured_gpu"], entry["device"], setups, where)
+
     return Culprit(
         op_types=tuple(op_types),
         api=entry["api"],
@@ -211,6 +298,9 @@ def _entry(index: int, entry: Any, sources: dict[str, str], origin: str) -> Culp
         measured=entry.get("measured", ""),
         sources=tuple(sources[k] for k in keys),
         topic=topic,
+        measured_gpu=measured_gpu,
+        condition=entry.get("condition", ""),
+        sources_disagree=entry.get("sources_disagree", ""),
     )
 
 
@@ -220,11 +310,12 @@ def _check_advice(advice: Any, origin: str) -> None:
         raise ValueError(  # noqa: TRY004 - a broken data file is one kind of error
             f"{origin}: an [advice] table (one text per kind) is required"
         )
-    missing = sorted(set(KINDS) - set(advice))
-    unknown = sorted(set(advice) - set(KINDS))
+    kinds = KINDS + OPAQUE_KINDS
+    missing = sorted(set(kinds) - set(advice))
+    unknown = sorted(set(advice) - set(kinds))
     if missing or unknown:
         raise ValueError(
-            f"{origin}: [advice] must have exactly the kinds {sorted(KINDS)}; "
+            f"{origin}: [advice] must have exactly the kinds {sorted(kinds)}; "
             f"missing {missing}, unknown {unknown}"
         )
     for kind, text in advice.items():
@@ -330,6 +421,9 @@ def known_ops() -> pandas.DataFrame:
             "fixed_in": culprit.fixed_in,
             "fix": culprit.fix,
             "measured": culprit.measured,
+            "measured_gpu": str(culprit.measured_gpu or ""),
+            "condition": culprit.condition,
+            "sources_disagree": culprit.sources_disagree,
             "sources": "; ".join(culprit.sources),
         }
         for op_type in culprit.op_types or ("",):

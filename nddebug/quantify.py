@@ -1,4 +1,7 @@
-"""How large a divergence is: max absolute difference, max ULP distance, fraction of elements."""
+"""How large a divergence is: max absolute difference, max ULP distance, fraction of elements,
+and the same difference against the tensor's own scale (max |x|), which is what a reader can
+judge: a billion ULPs between two values near zero can be nothing next to the tensor's largest
+value."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ class Divergence:
     max_abs_diff: float
     max_ulp: int
     frac_differing: float
+    scale: float = 0.0  # the largest finite |x| in the compared arrays
+    rel_diff: float = 0.0  # max |Δ| / scale, per compared pair; inf if NaN/inf appeared or vanished
 
 
 def _ordered(bits: np.ndarray) -> np.ndarray:
@@ -40,31 +45,58 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a.astype(np.float64) - b.astype(np.float64)).astype(np.uint64)
 
 
+def scale(a: np.ndarray) -> float:
+    """The tensor's own scale: its largest finite magnitude (0.0 if it has none)."""
+    a = np.asarray(a)
+    if a.size == 0:
+        return 0.0
+    magnitude = np.abs(_numeric(a))
+    finite = magnitude[np.isfinite(magnitude)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+def relative(max_abs_diff: float, tensor_scale: float) -> float:
+    """max |Δ| / max |x|: 0 when nothing numeric differs (e.g. -0.0 against 0.0), inf when a
+    NaN or inf appeared or vanished, or when the tensor has no finite non-zero value."""
+    if max_abs_diff == 0:
+        return 0.0
+    if not np.isfinite(max_abs_diff) or tensor_scale == 0:
+        return float("inf")
+    return max_abs_diff / tensor_scale
+
+
 def measure(values: list[np.ndarray]) -> Divergence | None:
     """Compare every array to the first; None if shapes or dtypes differ."""
     base = np.asarray(values[0])
-    max_abs, max_ulp, frac = 0.0, 0, 0.0
+    max_abs, max_ulp, frac, top, rel = 0.0, 0, 0.0, 0.0, 0.0
+    base_scale = scale(base)
     for other in values[1:]:
         other = np.asarray(other)
         if other.shape != base.shape or other.dtype != base.dtype:
             return None
         if base.size == 0:
             continue
+        pair_scale = max(base_scale, scale(other))
+        top = max(top, pair_scale)
         differs = _bitwise_differs(base, other)
         frac = max(frac, float(differs.mean()))
         if not differs.any():
             continue
-        numeric_a = _numeric(base)
-        numeric_b = _numeric(other)
+        a, b = base[differs], other[differs]
+        numeric_a, numeric_b = _numeric(a), _numeric(b)
+        # NaN in both runs is the same value whatever its payload; elsewhere NaN against a
+        # number, or inf against anything else, is an infinite difference.
+        keep = ~(np.isnan(numeric_a) & np.isnan(numeric_b))
+        a, b, numeric_a, numeric_b = a[keep], b[keep], numeric_a[keep], numeric_b[keep]
+        if not a.size:
+            continue
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(numeric_a - numeric_b)
-        finite = diff[np.isfinite(diff)]
-        if finite.size:
-            max_abs = max(max_abs, float(finite.max()))
-        if np.isnan(diff).any() or np.isinf(diff).any():
-            max_abs = float("inf") if not finite.size else max(max_abs, float("inf"))
-        max_ulp = max(max_ulp, int(ulp_distance(base, other).max()))
-    return Divergence(max_abs_diff=max_abs, max_ulp=max_ulp, frac_differing=frac)
+        pair_abs = float(np.where(np.isfinite(diff), diff, np.inf).max())
+        max_abs = max(max_abs, pair_abs)
+        rel = max(rel, relative(pair_abs, pair_scale))
+        max_ulp = max(max_ulp, int(ulp_distance(a, b).max()))
+    return Divergence(max_abs, max_ulp, frac, top, rel)
 
 
 def _bitwise_differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -75,11 +107,11 @@ def _bitwise_differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _numeric(a: np.ndarray) -> np.ndarray:
+    """Values to subtract: complex128 for complex (|a - b| is then the distance in the plane),
+    float64 for every real type (bool as 0/1; bfloat16 and other ml_dtypes convert too)."""
     if a.dtype.kind == "c":
-        return np.abs(a.astype(np.complex128))
-    if a.dtype.kind in "fiub":
-        return a.astype(np.float64)
+        return a.astype(np.complex128)
     try:
-        return a.astype(np.float64)  # bfloat16 and other ml_dtypes
+        return a.astype(np.float64)
     except (TypeError, ValueError):
         return np.zeros(a.shape)

@@ -26,6 +26,20 @@ CALL_OPS = {
 }
 
 
+#: OpInfo.function of calls nddebug cannot see inside: a tf.function traced before the block
+#: ("uninstrumented") or compiled with XLA ("xla"). Their outputs and the variables they can
+#: write are compared; the ops inside them are not.
+OPAQUE = ("uninstrumented", "xla")
+#: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
+NOT_COMPARED = "Not compared: "
+#: The tail of the one warning a run gives for all its XLA-compiled functions.
+XLA_NOTE = (
+    "XLA compiles each as a whole, so nddebug compares its inputs, its outputs and the variables "
+    "it writes, not the ops inside it. nddebug.check() checks such a step as compiled, then with "
+    "XLA off to name the op; or set jit_compile=False while debugging."
+)
+
+
 @dataclass
 class OpInfo:
     """A traced op: one per eager op execution site or graph node (static facts)."""
@@ -44,7 +58,11 @@ class OpInfo:
     attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
     note: str = ""  # e.g. "value of the variable after this update"
     resource: str = ""  # the variable an op reads or writes (ReadVariableOp, updates)
-    function: str = ""  # for a tf.function call: "instrumented" or "uninstrumented"
+    # For a tf.function call: "instrumented", or one of OPAQUE ("uninstrumented", "xla").
+    function: str = ""
+    # For an opaque call: the variables whose values after the call fill its last output
+    # slots (and, read before the call, its last input digests).
+    written: list[str] = field(default_factory=list)
     # In a rerun recording: "" if the op was re-executed, else why not ("stateful", ...).
     rerun: str = ""
 

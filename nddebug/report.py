@@ -6,18 +6,21 @@ in :mod:`nddebug.render` only present what is here.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from nddebug import environment, knowledge, quantify
 from nddebug.analysis import (
     Comparison,
+    OpFinding,
     compare_recordings,
     expand_reruns,
+    not_compared,
     not_rerun,
     unit_values,
 )
 from nddebug.errors import NotComparableError
-from nddebug.recording import Recording
+from nddebug.recording import OPAQUE, Recording
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,6 +40,8 @@ COLUMNS = [
     "distinct_outputs",
     "max_abs_diff",
     "max_ulp",
+    "scale",
+    "rel_diff",
     "frac_differing",
     "known_cause",
     "fix",
@@ -85,6 +90,10 @@ class Report:
         self.mode = mode
         #: Ops that raised instead of running (no deterministic kernel here): never "ok".
         self.errors = errors or []
+        # check() on an XLA step: which program this report is of ("as compiled (XLA)" or
+        # "XLA off"), and, for the XLA-off report, the report of the step as compiled.
+        self.program = ""
+        self.as_compiled: Report | None = None
         runs, capture_runs = recordings, self.captures
         if self.errors and len(runs) < 2:
             self.comparison = Comparison(0, 0, 0, [], [], [], [])
@@ -108,11 +117,30 @@ class Report:
         self.comparison: Comparison = compare_recordings(runs)
         if len(capture_runs) >= 2:
             _attach_magnitudes(self.comparison, capture_runs)
+        _sort_by_magnitude(self.comparison.findings)
 
     @property
     def ok(self) -> bool:
-        """True when every run computed bitwise-identical outputs for every traced op."""
-        return not (self.comparison.findings or self.comparison.paths or self.errors)
+        """True when every run computed bitwise-identical outputs for every traced op, and
+        nothing that could differ went uncompared (see :attr:`not_compared`)."""
+        own = not self.comparison.findings and not self.comparison.paths and not self.not_compared
+        own = own and not self.errors
+        return own and (self.as_compiled is None or self.as_compiled.ok)
+
+    @property
+    def not_compared(self) -> list[str]:
+        """What could have differed but was not compared (e.g. TF1 graph ops, variables of a
+        function called inside a graph but traced before the block): each keeps ``ok`` False."""
+        return not_compared(self.recordings)
+
+    @property
+    def verdict(self) -> str:
+        c = self.comparison
+        if self.errors:
+            return "NOT checked"
+        if c.findings or c.paths or (self.as_compiled is not None and not self.as_compiled.ok):
+            return "NOT reproducible"
+        return "reproducible" if self.ok else "no difference seen, but not everything compared"
 
     @property
     def sources(self) -> pd.DataFrame:
@@ -121,20 +149,32 @@ class Report:
 
     @property
     def culprits(self) -> pd.DataFrame:
-        """One row per divergent op: sources first, in execution order, then the rest."""
+        """One row per divergent op: sources first, the largest relative divergence
+        (``rel_diff``) first and unmeasured ones last, then the rest in execution order. After
+        a check of an XLA step, the rows of the step as compiled come first; ``program`` says
+        which of the two programs each row belongs to."""
         import pandas as pd
 
-        rows = [_row(f) for f in self.comparison.findings]
-        return pd.DataFrame(rows, columns=COLUMNS)
+        df = self.own_culprits
+        if self.as_compiled is not None:
+            df = pd.concat([self.as_compiled.culprits, df], ignore_index=True)
+        return df
+
+    @property
+    def own_culprits(self) -> pd.DataFrame:
+        """The rows of this report's own program only (what a renderer shows in its section)."""
+        import pandas as pd
+
+        df = pd.DataFrame([_row(f) for f in self.comparison.findings], columns=COLUMNS)
+        df["program"] = self.program
+        return df
 
     @property
     def summary(self) -> dict[str, Any]:
         c = self.comparison
         env = self.recordings[0].environment if self.recordings else environment.capture()
         return {
-            "verdict": "NOT checked"
-            if self.errors and not c.runs
-            else ("reproducible" if self.ok else "NOT reproducible"),
+            "verdict": self.verdict,
             "mode": self.mode,
             "runs": c.runs,
             "ops_traced": c.ops_traced,
@@ -215,7 +255,17 @@ def _row(f: Any) -> dict[str, Any]:
             "nddebug run --hashseed 0), seed Python's random and NumPy, sort sets and dict keys "
             "before turning them into tensors, and list files in sorted order."
         )
-    elif op.function == "uninstrumented" or op.op_type == "VariableState":
+    elif op.function in OPAQUE:
+        known = "not in the known list"
+        fix = knowledge.advice(f.kind)
+        if f.kind == "random":
+            fix += (
+                " The random op runs inside an XLA-compiled function: nddebug.check() checks the "
+                "step with XLA off to name it."
+                if op.function == "xla"
+                else " " + knowledge.advice("uninstrumented function")
+            )
+    elif op.op_type == "VariableState":
         known = "not in the known list"
         fix = (
             "Let nddebug see inside: create or first call the tf.function inside "
@@ -239,6 +289,8 @@ def _row(f: Any) -> dict[str, Any]:
         "distinct_outputs": f.distinct_outputs,
         "max_abs_diff": f.max_abs_diff,
         "max_ulp": f.max_ulp,
+        "scale": f.scale,
+        "rel_diff": f.rel_diff,
         "frac_differing": f.frac_differing,
         "known_cause": known,
         "fix": fix,
@@ -251,29 +303,36 @@ def _row(f: Any) -> dict[str, Any]:
 
 
 def _attach_magnitudes(comparison: Comparison, captures: list[Recording]) -> None:
-    """Fill max_abs_diff / max_ulp / frac_differing from the full values captured in a
-    second pass (values are captured only for the ops found divergent)."""
+    """Fill the magnitudes (max_abs_diff, max_ulp, scale, rel_diff, frac_differing) from the
+    full values captured in a second pass (values are captured only for the ops found
+    divergent). Each is the largest over the op's executions and outputs; rel_diff is taken
+    per output against that output's own scale, so a large output cannot hide a small one's."""
     values = unit_values(captures)
     for f in comparison.findings:
-        worst: quantify.Divergence | None = None
+        measured: list[quantify.Divergence] = []
         for (unit_key, _slot), arrays in values.items():
-            if unit_key[1] != f.key or len(arrays) < 2:
-                continue
-            d = quantify.measure(arrays)
-            if d is None:
-                continue
-            if worst is None:
-                worst = d
-            else:
-                worst = quantify.Divergence(
-                    max(worst.max_abs_diff, d.max_abs_diff),
-                    max(worst.max_ulp, d.max_ulp),
-                    max(worst.frac_differing, d.frac_differing),
-                )
-        if worst is not None and worst.frac_differing > 0:
+            if unit_key[1] == f.key and len(arrays) >= 2:
+                d = quantify.measure(arrays)
+                if d is not None:
+                    measured.append(d)
+        if measured and max(d.frac_differing for d in measured) > 0:
             # Measured on the capture runs; if the divergence did not recur there, unknown.
-            f.max_abs_diff, f.max_ulp, f.frac_differing = (
-                worst.max_abs_diff,
-                worst.max_ulp,
-                worst.frac_differing,
-            )
+            f.max_abs_diff = max(d.max_abs_diff for d in measured)
+            f.max_ulp = max(d.max_ulp for d in measured)
+            f.scale = max(d.scale for d in measured)
+            f.rel_diff = max(d.rel_diff for d in measured)
+            f.frac_differing = max(d.frac_differing for d in measured)
+
+
+def _sort_by_magnitude(findings: list[OpFinding]) -> None:
+    """Sources by relative divergence, largest first, unmeasured last; the sort is stable, so
+    ties keep execution order and the other roles keep the analysis's order."""
+    order = {"source": 0, "control flow": 1, "propagated": 2}
+
+    def rank(f: OpFinding) -> float:
+        if f.role != "source":
+            return 0.0
+        rel = f.rel_diff
+        return -rel if rel is not None and rel == rel else math.inf
+
+    findings.sort(key=lambda f: (order[f.role], rank(f)))

@@ -175,6 +175,28 @@ def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[No
                 m.jit_compile = jit
 
 
+@contextlib.contextmanager
+def keras_functions_kept(models: list[Any]) -> Iterator[None]:
+    """Run with the models' own train/test/predict functions and settings (XLA included), and
+    put them back afterwards: a function Keras builds while checking is not left behind."""
+    saved = [
+        (
+            m,
+            {
+                a: getattr(m, a, None)
+                for a in ("train_function", "test_function", "predict_function")
+            },
+        )
+        for m in models
+    ]
+    try:
+        yield
+    finally:
+        for m, attrs in saved:
+            for a, v in attrs.items():
+                setattr(m, a, v)
+
+
 def reset_keras_functions(models: list[Any]) -> None:
     for m in models:
         for a in ("train_function", "test_function", "predict_function"):

@@ -1,5 +1,21 @@
-"""Shared test setup: keep TensorFlow's C++ logging quiet (must be set before TF is imported)."""
+"""Shared test setup: keep TensorFlow's C++ logging quiet (must be set before TF is imported),
+and the ``cpu_facts`` fixture for tests that assert what the CPU does."""
 
 import os
+from collections.abc import Iterator
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="module")
+def cpu_facts() -> Iterator[None]:
+    """Run a module's steps on the CPU on every machine, for modules whose tests assert CPU
+    facts (``pytestmark = pytest.mark.usefixtures("cpu_facts")``). See tests/helpers.on_cpu:
+    a tf.function called in the scope runs its unpinned ops on the CPU, and variables created
+    in it live there. Child processes hide the GPU instead (helpers.CPU_ONLY)."""
+    from tests.helpers import on_cpu
+
+    with on_cpu():
+        yield

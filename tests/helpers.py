@@ -2,19 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# For a child process that asserts what the CPU does: it sees no GPU at all.
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "-1"}
+
+
+def subprocess_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child interpreter: this checkout first on PYTHONPATH, with the
+    caller's PYTHONPATH kept after it (TensorFlow may be reachable only through it)."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+
+
+@contextlib.contextmanager
+def on_cpu() -> Iterator[None]:
+    """Build and run a step on the CPU where a GPU is visible too, for tests of CPU facts.
+
+    A tf.function called in this scope places every op that names no device on the CPU (TF
+    instantiates a function with its call's device as the default), and variables created in
+    it live there, so the ops that read and update them run there as well. Pair it with
+    assert_ran_on_cpu: the recording says where each op ran."""
+    import tensorflow as tf
+
+    with tf.device("/CPU:0"):
+        yield
+
+
+def assert_ran_on_cpu(report: Any) -> None:
+    """Every op the report's runs recorded ran on a CPU (a CPU fact was measured on a CPU)."""
+    devices = {op.device for rec in report.recordings for op in rec.ops.values()}
+    elsewhere = sorted(d for d in devices if "CPU" not in d.upper())
+    assert not elsewhere, f"ops ran off the CPU: {elsewhere}"
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> dict:
     """Run code in a fresh interpreter (process-wide TF switches need one) and return the JSON
     object it prints on its last line."""
-    full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    full_env = subprocess_env(env)
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import CPU_ONLY, ROOT, subprocess_env
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
 
 def nddebug(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    full_env = subprocess_env()
     full_env.pop("PYTHONHASHSEED", None)
     full_env.update(env or {})
     return subprocess.run(
@@ -36,13 +36,16 @@ def test_hash_randomisation_reaches_the_first_tf_op_and_a_fixed_seed_fixes_it() 
     (source,) = [c for c in report["culprits"] if c["role"] == "source"]
     assert source["op_type"] == "Mul" and "hash_order.py" in source["location"]
     assert "PYTHONHASHSEED" in source["explanation"] and "--hashseed" in source["fix"]
+    # Processes keep digests only: the magnitudes are there, and unknown.
+    assert source["rel_diff"] is None and source["scale"] is None
     fixed = nddebug("run", "-n", "3", "--hashseed", "0", script)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "reproducible" in fixed.stdout and "NOT" not in fixed.stdout
 
 
 def test_run_finds_the_crop_culprit_across_processes() -> None:
-    result = nddebug("run", "-n", "3", os.path.join(SCRIPTS, "crop_step.py"))
+    # A CPU fact (the CPU kernel's race): on a GPU the box gradient diverges too.
+    result = nddebug("run", "-n", "3", os.path.join(SCRIPTS, "crop_step.py"), env=CPU_ONLY)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "NOT reproducible" in result.stdout
     assert "Source: CropAndResizeGradImage" in result.stdout
@@ -51,7 +54,10 @@ def test_run_finds_the_crop_culprit_across_processes() -> None:
 
 def test_run_on_the_cnn_script_exits_zero(tmp_path) -> None:
     out = str(tmp_path / "cnn.nddebug")
-    result = nddebug("run", "-n", "3", "-o", out, os.path.join(SCRIPTS, "cnn_step.py"))
+    # A CPU fact: on a GPU the CNN's BiasAddGrad and Conv2DBackpropFilter diverge.
+    result = nddebug(
+        "run", "-n", "3", "-o", out, os.path.join(SCRIPTS, "cnn_step.py"), env=CPU_ONLY
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     # The saved runs re-render the same verdict, in every format.
     for fmt in ("text", "html", "csv", "json"):
@@ -66,8 +72,10 @@ def test_diff_names_the_op_whose_kernel_changed_under_op_determinism(tmp_path) -
     for name, env in (("plain", {}), ("deterministic", {"TF_DETERMINISTIC_OPS": "1"})):
         paths[name] = str(tmp_path / f"{name}.nddebug")
         proc = subprocess.run(
-            [sys.executable, "-m", "nddebug.runner", os.path.join(SCRIPTS, "crop_step.py")],
-            env={**os.environ, "PYTHONPATH": ROOT, "NDDEBUG_RECORD": paths[name], **env},
+            # 8 steps: one recording must show the race, even on a loaded machine.
+            [sys.executable, "-m", "nddebug.runner", os.path.join(SCRIPTS, "crop_step.py"), "8"],
+            # CPU only: on a GPU the crop's gradient raises under op determinism.
+            env=subprocess_env({"NDDEBUG_RECORD": paths[name], **CPU_ONLY, **env}),
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -103,7 +111,8 @@ def test_ops_searches_the_knowledge_base() -> None:
 
 def test_emulate_gpu_flag_rehearses_the_gpu_in_every_process() -> None:
     script = os.path.join(SCRIPTS, "segment_step.py")
-    out = nddebug("run", "-n", "2", "--emulate-gpu", "--format", "json", script)
+    # The rehearsal runs on the CPU, as on a machine without a GPU.
+    out = nddebug("run", "-n", "2", "--emulate-gpu", "--format", "json", script, env=CPU_ONLY)
     assert out.returncode == 1, out.stdout + out.stderr
     report = json.loads(out.stdout)
     sources = [c for c in report["culprits"] if c["role"] == "source"]

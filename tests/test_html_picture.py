@@ -26,6 +26,9 @@ SVG = "{http://www.w3.org/2000/svg}"
 LOOP_ITERATIONS = 300  # 8 op executions each: thousands of executions, so the picture bins
 
 
+pytestmark = pytest.mark.usefixtures("cpu_facts")  # the CPU's crop race as the one source
+
+
 @pytest.fixture(scope="module")
 def crop_report() -> nddebug.Report:
     """The real CropAndResizeGradImage culprit (see test_culprit_crop_and_resize.py for why

@@ -12,6 +12,8 @@ from nddebug.keras import DeterminismCheck, NonDeterminismError
 from nddebug.state import collect_variables
 from tests.helpers import variables_bytes
 
+pytestmark = pytest.mark.usefixtures("cpu_facts")  # a CNN with biases is reproducible on CPU
+
 
 def _small_cnn() -> keras.Model:
     keras.utils.set_random_seed(0)

@@ -208,9 +208,15 @@ def test_device_kind(device: str | bytes | None, kind: str) -> None:
 
 
 GOOD_ENTRY = """
-schema_version = 1
+schema_version = 2
 [sources]
 a = "somewhere"
+[measurements.h100]
+device = "H100"
+tf = "2.21.0"
+cudnn = "9.19"
+cuda = "12.9"
+method = "census"
 [[culprit]]
 op_types = ["BiasAddGrad"]
 api = "tf.nn.bias_add"
@@ -283,13 +289,41 @@ def test_parse_accepts_a_minimal_table() -> None:
             "must be a list of strings",
         ),
         ('fixed_in = "TF 2.8"', "fixed_in = 2.8", "'fixed_in' must be a string"),
-        ("schema_version = 1", "schema_version = 2", "schema_version is 2"),
+        ("schema_version = 2", "schema_version = 1", "schema_version is 1"),
         (
-            "schema_version = 1",
-            "schema_version = 1\nextra = 3",
+            "schema_version = 2",
+            "schema_version = 2\nextra = 3",
             "unknown top-level key(s) ['extra']",
         ),
         ('a = "somewhere"', 'a = ""', "[sources] 'a' must be a non-empty string"),
+        (
+            'sources = ["a"]',
+            'measured_gpu = {on = "h200", result = "ND"}\nsources = ["a"]',
+            "measured_gpu.on = 'h200' is not a [measurements] name (known: ['h100'])",
+        ),
+        (
+            'sources = ["a"]',
+            'measured_gpu = {on = "h100"}\nsources = ["a"]',
+            "measured_gpu must be an inline table with exactly the keys ['on', 'result']",
+        ),
+        (
+            'sources = ["a"]',
+            'measured_gpu = "H100: ND"\nsources = ["a"]',
+            "measured_gpu must be an inline table",
+        ),
+        (
+            'sources = ["a"]',
+            'measured_gpu = {on = "h100", result = " "}\nsources = ["a"]',
+            "measured_gpu.result must be a non-empty string",
+        ),
+        (
+            'device = "GPU"',
+            'device = "CPU"\nmeasured_gpu = {on = "h100", result = "ND"}',
+            "measured_gpu on a CPU entry",
+        ),
+        ('cudnn = "9.19"\n', "", "[measurements.h100]: needs exactly the keys"),
+        ('cudnn = "9.19"', "cudnn = 9.19", "[measurements.h100]: 'cudnn' must be a non-empty"),
+        ('sources = ["a"]', 'condition = 1\nsources = ["a"]', "'condition' must be a string"),
         ("[[culprit]]", "[[culprit]", "not valid TOML"),
     ],
 )
@@ -380,3 +414,72 @@ def test_every_op_type_is_registered_in_tensorflow() -> None:
 
     names = {op for c in culprits() for op in c.op_types}
     assert [op for op in sorted(names) if op_def_registry.get(op) is None] == []
+
+
+def test_measured_gpu_resolves_the_setup() -> None:
+    table = GOOD_ENTRY.replace(
+        'sources = ["a"]',
+        'measured_gpu = {on = "h100", result = "10 of 10 distinct"}\nsources = ["a"]',
+    )
+    (entry,) = _parse(table)
+    assert entry.measured_gpu is not None
+    assert (entry.measured_gpu.device, entry.measured_gpu.tf, entry.measured_gpu.cudnn) == (
+        "H100",
+        "2.21.0",
+        "9.19",
+    )
+    assert str(entry.measured_gpu) == "H100, TF 2.21.0, cuDNN 9.19: 10 of 10 distinct"
+
+
+# The GPU census (NVIDIA H100, TF 2.21, cuDNN 9.19) kept in the repository.
+GPU_CENSUS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "census_gpu.csv"
+
+
+def _gpu_rows() -> list[dict[str, str]]:
+    import csv
+
+    with GPU_CENSUS.open(encoding="utf-8", newline="") as f:
+        return [r for r in csv.DictReader(f) if r["ran_on"] == "GPU"]
+
+
+def test_every_op_the_gpu_showed_non_deterministic_is_listed_for_the_gpu() -> None:
+    varied = {
+        r["op_type"]
+        for r in _gpu_rows()
+        if r["determinism"] == "off" and r["deterministic"] == "False" and r["kind"] == "numerical"
+    }
+    assert {"SegmentMean", "ResourceScatterNdAdd", "ResourceScatterNdSub"} <= varied
+    unlisted = sorted(
+        op for op in varied if (entry := lookup(op, "GPU")) is None or entry.device == "CPU"
+    )
+    assert unlisted == []
+
+
+def test_every_gpu_entry_the_census_measured_says_what_the_gpu_showed() -> None:
+    measured = {r["op_type"] for r in _gpu_rows()}
+    missing = [
+        c.label
+        for c in culprits()
+        if c.device == "GPU" and set(c.op_types) & measured and c.measured_gpu is None
+    ]
+    assert missing == []
+    # And it names the setup, so a later GPU or TF version can be compared with it.
+    gpu_entries = [c for c in culprits() if c.measured_gpu is not None]
+    assert len(gpu_entries) >= 20
+    for c in gpu_entries:
+        assert c.measured_gpu.tf.startswith("2.21") and c.measured_gpu.cudnn == "9.19", c.label
+
+
+def test_gpu_corrections_from_measurement() -> None:
+    # The raw fused cross-entropy ops raise under op determinism on the GPU (the Python API
+    # avoids them instead), and the knowledge base says where its sources disagree.
+    xent = lookup("SoftmaxCrossEntropyWithLogits", "GPU")
+    assert xent.under_determinism == "raises" and xent.sources_disagree
+    assert lookup("SparseSoftmaxCrossEntropyWithLogits", "GPU") is xent
+    # Fused batch-norm backprop raises only in inference mode.
+    bn = lookup("FusedBatchNormGradV3", "GPU")
+    assert bn.under_determinism == "raises" and "is_training=False" in bn.condition
+    # Removed ops are marked as such, not as live culprits.
+    for op in ("Conv3DBackpropInput", "Conv3DBackpropFilter", "AdjustContrast"):
+        assert lookup(op, "GPU").under_determinism == "n/a", op
+    assert lookup("StatefulStandardNormal").under_determinism == "n/a"

@@ -14,7 +14,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from tests.helpers import ROOT
+from tests.helpers import CPU_ONLY, ROOT, subprocess_env
 
 NOTEBOOK = os.path.join(ROOT, "docs", "examples", "find-a-culprit.ipynb")
 
@@ -27,7 +27,12 @@ def _kernel(tmp_path) -> KernelManager:
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "nddebug test",
         "language": "python",
-        "env": {"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        # CPU facts (the CNN reproducible, the crop race); the caller's PYTHONPATH is kept.
+        "env": {
+            "PYTHONPATH": subprocess_env()["PYTHONPATH"],
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            **CPU_ONLY,
+        },
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])

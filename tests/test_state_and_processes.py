@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 import nddebug
-from tests.helpers import run_python
+from tests.helpers import CPU_ONLY, run_python
 
 
 def test_an_update_without_state_is_blamed_on_state_not_on_a_kernel() -> None:
@@ -79,7 +79,7 @@ def test_recordings_from_separate_processes_compare_as_reproducible(tmp_path) ->
         src = code.replace("PATH", repr(path)).replace(
             "int(sys.argv[-1]) if len(sys.argv) > 1 else 0", str(warmups)
         )
-        run_python(src)
+        run_python(src, env=CPU_ONLY)  # the CNN is reproducible across processes on the CPU
     recs = nddebug.load(path)
     assert len(recs) == 2
     report = nddebug.compare(recs)

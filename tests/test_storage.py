@@ -137,6 +137,7 @@ def synthetic(label: str = "synthetic", n_events: int = 6, seq0: int = 0) -> Rec
         resource="dense/kernel:0",
         function="instrumented",
         rerun="stateful",
+        written=["dense/kernel:0"],
     )
     rec.ops[3] = OpInfo(
         op_id=3,

@@ -100,7 +100,12 @@ def test_an_xla_function_is_not_broken_and_is_reported() -> None:
     assert any("XLA" in w for w in rec.warnings), rec.warnings
     # The call itself is still compared through its inputs and outputs.
     assert any(rec.ops[ev.op_id].function for ev in rec.events)
+    # check() checks the step as compiled; reproducible there, it need not look inside.
     report = nddebug.check(h, tf.ones([8]), repeats=2)
+    assert report.ok and report.program == "as compiled (XLA)", str(report)
+    assert not any(op.op_type == "Tanh" for op in report.recordings[0].ops.values())
+    # Retraced without XLA, its inner ops are recorded.
+    report = nddebug.check(tf.function(h.python_function), tf.ones([8]), repeats=2)
     assert report.ok and any(op.op_type == "Tanh" for op in report.recordings[0].ops.values())
 
 

@@ -16,7 +16,7 @@ def test_check_names_the_op_that_raises_under_op_determinism() -> None:
         report = nddebug.check(step, *args, repeats=2, state=state, emulate_gpu=True)
         e = report.errors[0]
         print(json.dumps({"ok": report.ok, "op": e.op_type, "name": e.op_name,
-                          "fix": e.fix, "text": str(report)}))
+                          "fix": e.fix, "text": str(report), "html": report._repr_html_()}))
         """
     )
     assert not result["ok"] and result["op"] == "CropAndResizeGradImage"
@@ -25,3 +25,5 @@ def test_check_names_the_op_that_raises_under_op_determinism() -> None:
     text = result["text"]
     assert "NOT checked" in text and "op determinism cannot fix it" in text
     assert "Traceback" not in text and "instead:" in text
+    html = result["html"]  # the notebook's report says the same
+    assert "NOT checked" in html and "raises: CropAndResizeGradImage" in html and "instead:" in html

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nddebug.render.text import cell
+from nddebug.render.text import RELATIVE_NOTE, cell
 
 if TYPE_CHECKING:
     from nddebug.recording import Recording
@@ -23,6 +23,8 @@ _COLUMNS = [
     ("distinct_outputs", "distinct"),
     ("max_abs_diff", "max |Δ|"),
     ("max_ulp", "max ULP"),
+    ("scale", "max |x|"),
+    ("rel_diff", "rel |Δ|"),
     ("known_cause", "known cause"),
     ("fix", "fix"),
 ]
@@ -49,7 +51,19 @@ def page(report: Report) -> str:
 
 
 def render(report: Report) -> str:
-    """The report as an HTML fragment: header, the picture of the divergence, the table."""
+    """The report as an HTML fragment: header, the picture of the divergence, the table (for
+    an XLA step checked both ways, the step as compiled first)."""
+    if report.as_compiled is not None:
+        return (
+            "<h4>The step as compiled (XLA on), as you run it</h4>\n"
+            + _render(report.as_compiled)
+            + "\n<h4>The same step with XLA off, to name the ops</h4>\n"
+            + _render(report)
+        )
+    return _render(report)
+
+
+def _render(report: Report) -> str:
     s = report.summary
     cls = "verdict-ok" if report.ok else "verdict-bad"
     if s["mode"] == "rerun":
@@ -68,6 +82,12 @@ def render(report: Report) -> str:
         f"op determinism {'on' if s['op_determinism'] else 'off'}</p>",
         f'<p class="note">mode: {html.escape(s["mode"])} — {html.escape(report.mode_note)}</p>',
     ]
+    for e in report.errors:  # an op that raised: the step was not checked
+        parts.append(
+            f'<p class="verdict-bad">raises: {html.escape(e.summary)}.</p>'
+            f'<p class="note">error: {html.escape(e.message)}</p>'
+            f"<p>instead: {html.escape(e.fix)}</p>"
+        )
     for w in report.warnings:  # what was not covered belongs next to the verdict
         parts.append(f'<p class="note">warning: {html.escape(w)}</p>')
     for p in report.comparison.paths:
@@ -76,7 +96,7 @@ def render(report: Report) -> str:
             f"{html.escape(p.reference_op)} vs {html.escape(p.other_op)}</p>"
         )
     parts.append(picture(report))
-    df = report.culprits
+    df = report.own_culprits
     if len(df):
         head = "".join(f"<th>{html.escape(h)}</th>" for _, h in _COLUMNS)
         body = []
@@ -84,6 +104,8 @@ def render(report: Report) -> str:
             cells = "".join(f"<td>{html.escape(cell(row, c, None))}</td>" for c, _ in _COLUMNS)
             body.append(f'<tr class="{html.escape(row["role"].replace(" ", "-"))}">{cells}</tr>')
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+        if df["rel_diff"].notna().any():
+            parts.append(f'<p class="note">{html.escape(RELATIVE_NOTE)}</p>')
     parts.append("</div>")
     return "\n".join(parts)
 

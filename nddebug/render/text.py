@@ -20,8 +20,13 @@ _TABLE = [
     ("distinct_outputs", "distinct"),
     ("max_abs_diff", "max |Δ|"),
     ("max_ulp", "max ULP"),
+    ("rel_diff", "rel |Δ|"),
 ]
 MAX_ROWS = 25
+RELATIVE_NOTE = (
+    "rel |Δ| = max |Δ| / max |x|, the difference against the output's largest value; sources "
+    "are sorted by it (float32 rounding is about 1e-7, float16 1e-3, bfloat16 1e-2)"
+)
 
 
 def fmt_number(value: Any) -> str:
@@ -39,6 +44,19 @@ def short_location(location: str, width: int = 44) -> str:
 
 
 def render(report: Report) -> str:
+    if report.as_compiled is not None:
+        return "\n\n".join(
+            [
+                "== The step as compiled (XLA on), as you run it ==",
+                _render(report.as_compiled),
+                "== The same step with XLA off, to name the ops ==",
+                _render(report),
+            ]
+        )
+    return _render(report)
+
+
+def _render(report: Report) -> str:
     s = report.summary
     if s["mode"] == "rerun":
         head = (
@@ -76,19 +94,22 @@ def render(report: Report) -> str:
             f"  Run {p.run} took a different path at top-level op #{p.position}: "
             f"{p.reference_op} in run 0, {p.other_op} in run {p.run}"
         )
-    df = report.culprits
+    df = report.own_culprits
     if len(df):
         shown = df.head(MAX_ROWS)
         table = [[cell(row, c) for c, _ in _TABLE] for _, row in shown.iterrows()]
         lines += ["", tabulate(table, headers=[h for _, h in _TABLE], tablefmt="simple")]
         if len(df) > MAX_ROWS:
             lines.append(f"  … and {len(df) - MAX_ROWS} more (report.culprits has them all)")
+        if df["rel_diff"].notna().any():
+            lines.append(f"  {RELATIVE_NOTE}")
         sources = df[df["role"] == "source"]
         for _, row in sources.iterrows():
             lines += [
                 "",
                 f"Source: {row['op_type']} ({row['op_name'].strip('()')}) — {row['kind']}",
                 f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
+                *_wrap("size: ", _size(row)),
                 *_wrap("why: ", row["explanation"]),
                 *_wrap("known: ", _known(row)),
                 *_wrap("fix: ", row["fix"]),
@@ -106,6 +127,18 @@ def cell(row: Any, column: str, width: int | None = 44) -> str:
     if column == "location":
         return short_location(str(row[column]), width) if width else str(row[column])
     return fmt_number(row[column])
+
+
+def _size(row: Any) -> str:
+    """The divergence in words, relative figure first ("" when it was not measured)."""
+    rel = row["rel_diff"]
+    if rel is None or rel != rel:
+        return ""
+    return (
+        f"max |Δ| {fmt_number(row['max_abs_diff'])} against the output's max |x| "
+        f"{fmt_number(row['scale'])}: {fmt_number(rel)} of its scale "
+        f"(max ULP {fmt_number(row['max_ulp'])})"
+    )
 
 
 def _known(row: Any) -> str:

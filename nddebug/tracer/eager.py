@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from nddebug import digest as dg
-from nddebug.recording import Event, OpInfo
-from nddebug.tracer import ops, rerun
+from nddebug.recording import NOT_COMPARED, OPAQUE, Event, OpInfo
+from nddebug.tracer import opaque, ops, rerun
 from nddebug.tracer.location import eager_location
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
@@ -63,12 +63,6 @@ def _digest(rec: Any, tensor: Any) -> dg.Digest | None:
     return d
 
 
-def _function_state(op_type: str) -> str:
-    if not ops.FUNCTION_CALL.match(op_type):
-        return ""
-    return "instrumented" if op_type in REGISTRY.instrumented_functions else "uninstrumented"
-
-
 def _resource(op_type: str, inputs: Any) -> str:
     if not inputs or not ops.reads_or_writes_variable(op_type):
         return ""
@@ -93,6 +87,26 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     in_digests = [d for d in (_digest(rec, t) for t in inputs) if d is not None]
     out_tensors = list(outputs)
     note = ""
+    function = opaque.function_kind(op_type) if ops.FUNCTION_CALL.match(op_type) else ""
+    variables = opaque.variable_inputs(inputs) if function in OPAQUE else []
+    before = rec.pre_call.pop(op_type) if function in OPAQUE else None
+    for spot in REGISTRY.blind_spots.get(op_type, []) if function == "instrumented" else []:
+        ops.warn_once(rec.recording, spot)
+    if variables:
+        # What the call can have changed: its variables after it, compared like outputs;
+        # their values before it (read by the pre-call hook) count among its inputs.
+        after = opaque.read_state(variables)
+        if any(v is None for v in after):
+            ops.warn_once(
+                rec.recording,
+                f"{NOT_COMPARED}some variables captured by {op_type} could not be read after "
+                "the call: what it wrote to them is not compared.",
+            )
+        readable = [i for i, v in enumerate(after) if v is not None]
+        variables = [variables[i] for i in readable]
+        out_tensors += [after[i] for i in readable]
+        if before is not None:
+            in_digests += [d for d in before if d is not None]
     if not out_tensors and ops.WRITER.match(op_type) and inputs:
         value = ops.written_value(op_type, inputs)
         if value is None:
@@ -128,15 +142,20 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             attrs=ops.interesting_attrs(attrs),
             note=note,
             resource=_resource(op_type, inputs),
-            function=_function_state(op_type),
+            function=function,
             rerun=blocker,
+            written=opaque.variable_names([h for h, _ in variables]) if variables else [],
         )
-        if rec.recording.ops[op_id].function == "uninstrumented":
+        if function == "xla":
+            rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
+            rec.xla_functions.add(op_type)
+        elif function == "uninstrumented":
+            rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             rec.recording.warnings.append(
                 f"Function {op_type} ran uninstrumented: it was traced before "
-                "nddebug.trace() was entered, so only its inputs and outputs are compared. "
-                "Create or first call the tf.function inside the block, or use "
-                "nddebug.check(), which retraces it."
+                "nddebug.trace() was entered, so only its inputs, its outputs and the variables "
+                "it captures are compared, not the ops inside it. Create or first call the "
+                "tf.function inside the block, or use nddebug.check(), which retraces it."
             )
     seq = rec.next_seq()
     ev = Event(
@@ -154,8 +173,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
                 rec.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
     if rec.rerun and not blocker:
         ev.reruns = rerun.rerun_eager(rec, op_type, inputs, attrs, out_tensors, ev, capture)
-    is_call = bool(ops.FUNCTION_CALL.match(op_type))
-    rec.append(ev, call_device=rec.recording.ops[op_id].device if is_call else None)
+    rec.append(ev, call_device=rec.recording.ops[op_id].device if function else None)
 
 
 def record_variables(rec: Any, variables: list[Any]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import OpInfo
+from nddebug.recording import NOT_COMPARED, OpInfo
 from nddebug.tracer import ops, rerun, transport
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
@@ -65,16 +65,17 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     return d
 
 
-def _warn_xla(rec: Any, graph: Any) -> None:
+def _note_xla(rec: Any, graph: Any) -> None:
+    """An XLA graph is not instrumented; the recorder warns once for all of them, counting
+    the branches and loop bodies of each XLA function with it."""
     REGISTRY.xla_graphs.add(graph)
-    name = ops.as_str(graph.name)
-    ops.warn_once(
-        rec.recording,
-        f"{name} is compiled with XLA (jit_compile=True): XLA cannot hold nddebug's host "
-        "callbacks, so its inner ops are not recorded, only its inputs and outputs. Set "
-        "jit_compile=False on it while debugging (check() does that only for the function "
-        "and the Keras models it is given).",
-    )
+    top = graph
+    while hasattr(top.outer_graph, "outer_graph") and in_xla(top.outer_graph):
+        top = top.outer_graph
+    name = ops.function_name(ops.as_str(top.name))
+    if top is not graph:
+        REGISTRY.xla_nested.setdefault(name, set()).add(ops.as_str(graph.name))
+    rec.xla_functions.add(name)
 
 
 def instrument_op(
@@ -92,7 +93,7 @@ def instrument_op(
     if op_type in ops.SKIP_OPS:
         return
     if in_xla(graph):
-        _warn_xla(rec, graph)
+        _note_xla(rec, graph)
         return
     cache = REGISTRY.graph_cache(graph)
     alias = ops.ALIAS_OPS.get(op_type, -1)
@@ -188,12 +189,16 @@ def instrument_op(
             REGISTRY.reruns[op_id] = (copies, host)
     if op_type in ("StatefulPartitionedCall", "PartitionedCall"):
         f = ops.attr(attrs, "f")
-        fname = ops.as_str(getattr(f, "name", "")) if f is not None else ""
+        # An AttrValue holding a NameAttrList (func), or the NameAttrList itself.
+        fname = ops.as_str(getattr(getattr(f, "func", f), "name", "")) if f is not None else ""
         if fname and fname not in REGISTRY.instrumented_functions:
+            writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs)
             ops.warn_once(
                 rec.recording,
-                f"Graph {graph.name} calls function {fname}, traced before nddebug.trace(): its "
-                "inner ops are not recorded, only its outputs.",
+                (NOT_COMPARED if writes else "")
+                + f"graph {graph.name} calls function {fname}, traced before nddebug.trace(): "
+                "its inner ops are not recorded, only its outputs"
+                + (", and the variables it captures are not compared." if writes else "."),
             )
     if not readable_out and not readable_in and not payload:
         return

@@ -36,6 +36,11 @@ UID_SUFFIX = re.compile(r"_\d+$")
 UID_IN_NAME = re.compile(r"_\d+(?=/|$)")
 
 
+def function_name(name: str) -> str:
+    """The Python name of a traced function, from its graph's or its call op's name."""
+    return FUNCTION_CALL.sub("", UID_SUFFIX.sub("", name))
+
+
 def as_str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug.errors import TraceError
-from nddebug.recording import Event, Recording
-from nddebug.tracer import eager, instrument, ops, rerun, transport
+from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, Recording
+from nddebug.tracer import eager, instrument, opaque, ops, rerun, transport
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 
@@ -36,6 +36,10 @@ class Recorder:
         self.lib_dirs = library_dirs()
         # Op keys whose full output values are kept (second pass of check()).
         self.capture: set[str] | None = None
+        # Opaque calls' variables are read before each call by this hook.
+        self.pre_call = opaque.PreCallHook(self)
+        # XLA-compiled functions that ran (top level) or were traced nested inside one.
+        self.xla_functions: set[str] = set()
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -53,11 +57,13 @@ class Recorder:
         Recorder.active = self
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
+        self.pre_call.install()
 
     def stop(self) -> None:
         from tensorflow.python.eager.polymorphic_function import transform as concrete_function
         from tensorflow.python.framework import op_callbacks
 
+        self.pre_call.uninstall()
         op_callbacks.remove_op_callback(self.callback)
         set_gate(False)
         if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
@@ -68,10 +74,19 @@ class Recorder:
             self.pending.clear()
         self.recording.events.sort(key=lambda e: e.seq)
         self.eager_digests.clear()
+        if self.xla_functions:
+            ops.warn_once(self.recording, xla_warning(self.xla_functions))
 
     def _on_function(self, function: Any) -> None:
-        if getattr(function, "graph", None) not in REGISTRY.xla_graphs:
-            REGISTRY.instrumented_functions.add(ops.as_str(function.name))
+        name = ops.as_str(function.name)
+        if getattr(function, "graph", None) in REGISTRY.xla_graphs:
+            REGISTRY.xla_functions.add(name)
+        else:
+            REGISTRY.instrumented_functions.add(name)
+            graph = getattr(function, "graph", None)
+            spots = opaque.blind_spots(graph) if graph is not None else []
+            if spots:
+                REGISTRY.blind_spots[name] = spots
 
     # ------------------------------------------------------------------ callback
     def callback(
@@ -93,8 +108,9 @@ class Recorder:
                 elif instrument.is_v1_graph(graph):
                     ops.warn_once(
                         self.recording,
-                        "TF1 graph mode (tf.compat.v1 graphs and Session) is not supported: "
-                        "its ops are not recorded. Run the step eagerly or in a tf.function.",
+                        f"{NOT_COMPARED}TF1 graph mode (tf.compat.v1 graphs and Session) is not "
+                        "supported: its ops are not recorded. Run the step eagerly or in a "
+                        "tf.function.",
                     )
                 elif not instrument.is_data_graph(graph):
                     instrument.instrument_op(
@@ -159,3 +175,12 @@ class Recorder:
                 self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
             self.pending.append(ev)
             self.recording.values.update(kept)
+
+
+def xla_warning(functions: set[str]) -> str:
+    """One warning for every XLA-compiled function of a run, however many branches they have."""
+    names = sorted({ops.function_name(n) for n in functions})
+    nested = sum(len(REGISTRY.xla_nested.get(n, ())) for n in names)
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    inner = f" ({nested} of them branches or loop bodies inside the others)" if nested else ""
+    return f"{len(names) + nested} XLA-compiled function(s){inner}: {shown}. {XLA_NOTE}"

@@ -23,6 +23,12 @@ class OpRegistry:
         self._ids = itertools.count()
         self.instrumented_functions: set[str] = set()
         self.xla_graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # seen, not instrumented
+        self.xla_functions: set[str] = set()  # concrete functions made of an XLA graph
+        # Python name of an XLA-compiled function -> its branch and loop-body graphs.
+        self.xla_nested: dict[str, set[str]] = {}
+        # Instrumented function -> what it cannot compare (NOT_COMPARED warnings), said again
+        # in every run that calls it.
+        self.blind_spots: dict[str, list[str]] = {}
         # per graph: output tensor (by name) -> digest tensor [2] (or None if unreadable)
         self.graph_digests: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
             weakref.WeakKeyDictionary()

@@ -1,0 +1,212 @@
+"""Calls nddebug cannot see inside: a tf.function traced before the block, or one compiled
+with XLA. Their inner ops are not recorded, so what they can change is compared at their
+boundary: the variables they capture are read and digested before and after each call.
+
+The value after the call is read in the op callback (which TensorFlow runs after the call);
+the value before it is read by a hook on the eager function-call entry point, active only
+while a recorder is.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+from typing import Any
+
+from nddebug import digest as dg
+from nddebug.recording import NOT_COMPARED
+from nddebug.tracer import ops
+from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
+
+# Stateful random op types: a function holding one with no seed differs call to call.
+_RANDOM_OPS = (
+    "RandomUniform",
+    "RandomUniformInt",
+    "RandomStandardNormal",
+    "TruncatedNormal",
+    "RandomShuffle",
+    "RandomGamma",
+    "RandomPoissonV2",
+    "Multinomial",
+)
+_NESTED_ATTRS = ("f", "then_branch", "else_branch", "body", "cond", "branches")
+
+
+@functools.lru_cache(maxsize=4096)
+def _function_def(name: str) -> Any:
+    from tensorflow.python.eager import context
+
+    try:
+        return context.context().get_function_def(name)
+    except Exception:  # noqa: BLE001 - not in this context's library: treat as unknown
+        return None
+
+
+def function_kind(name: str) -> str:
+    """ "instrumented", "xla" or "uninstrumented" for a function the process can call."""
+    if name in REGISTRY.instrumented_functions:
+        return "instrumented"
+    if name in REGISTRY.xla_functions:
+        return "xla"
+    fdef = _function_def(name)
+    if fdef is not None and "_XlaMustCompile" in fdef.attr and fdef.attr["_XlaMustCompile"].b:
+        return "xla"
+    return "uninstrumented"
+
+
+@functools.lru_cache(maxsize=1024)
+def ops_inside(name: str) -> tuple[str, ...]:
+    """The op types a function runs, with those of the functions it calls (branches, loop
+    bodies): what can be said of an opaque call without seeing it run. Stateful random ops
+    are listed as ``<type>(random)`` or ``<type>(unseeded)``: seeded or not, they advance on
+    every call."""
+    seen: set[str] = set()
+    found: set[str] = set()
+    todo = [name]
+    while todo:
+        fname = todo.pop()
+        if fname in seen:
+            continue
+        seen.add(fname)
+        fdef = _function_def(fname)
+        if fdef is None:
+            continue
+        for node in fdef.node_def:
+            op = node.op
+            if op in _RANDOM_OPS:
+                seeded = node.attr["seed"].i or node.attr["seed2"].i
+                found.add(f"{op}(random)" if seeded else f"{op}(unseeded)")
+            else:
+                found.add(op)
+            for attr in _NESTED_ATTRS:
+                if attr not in node.attr:
+                    continue
+                value = node.attr[attr]
+                todo += [value.func.name] if value.func.name else []
+                todo += [f.name for f in value.list.func]
+    return tuple(sorted(found))
+
+
+def variable_inputs(inputs: Any) -> list[tuple[Any, Any]]:
+    """The (handle, dtype) of each resource-variable input of a call: its captured state."""
+    import tensorflow as tf
+
+    out = []
+    for t in inputs:
+        if getattr(t, "dtype", None) != tf.resource:
+            continue
+        data = getattr(t, "_handle_data", None)
+        if data is None or not data.shape_and_type:
+            continue
+        out.append((t, tf.as_dtype(data.shape_and_type[0].dtype)))
+    return out
+
+
+def read_state(variables: list[tuple[Any, Any]]) -> list[Any]:
+    """The current value of each variable (None where it cannot be read)."""
+    from nddebug.tracer.eager import read_variable
+
+    with inside_nddebug():
+        return [read_variable(handle, dtype) for handle, dtype in variables]
+
+
+def state_digests(inputs: Any) -> list[dg.Digest | None]:
+    from nddebug.tracer.eager import digest_eager_tensor
+
+    with inside_nddebug():
+        return [
+            digest_eager_tensor(v) if v is not None else None
+            for v in read_state(variable_inputs(inputs))
+        ]
+
+
+def variable_names(handles: list[Any]) -> list[str]:
+    """The names of the variables behind eager resource handles (found once per block by
+    looking through the live variables: a handle does not know its variable)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    wanted = {id(h) for h in handles}
+    keras = sys.modules.get("keras")
+    keras_variable = getattr(keras, "Variable", None) if keras is not None else None
+    variables = (resource_variable_ops.BaseResourceVariable,)
+    if isinstance(keras_variable, type):
+        variables += (keras_variable,)
+    names: dict[int, str] = {}
+    keras_paths: dict[int, str] = {}  # a Keras 3 variable's path names its tf.Variable better
+    found = [obj for obj in gc.get_objects() if isinstance(obj, variables)]
+    for obj in found:
+        if isinstance(obj, resource_variable_ops.BaseResourceVariable):
+            try:
+                handle = obj.handle
+            except Exception:  # noqa: BLE001 - a variable without an eager handle
+                continue
+            if id(handle) in wanted:
+                names[id(handle)] = names.get(id(handle)) or obj.name
+        elif isinstance(getattr(obj, "path", None), str):
+            keras_paths[id(getattr(obj, "_value", None))] = obj.path
+    for obj in found:
+        if id(obj) in keras_paths and isinstance(obj, resource_variable_ops.BaseResourceVariable):
+            names[id(obj.handle)] = keras_paths[id(obj)]
+    return [names.get(id(h), f"captured variable {i}") for i, h in enumerate(handles)]
+
+
+def blind_spots(graph: Any) -> list[str]:
+    """What an instrumented function cannot compare: the variables written by the opaque
+    functions its graph calls. TensorFlow adds those call ops without running op callbacks
+    (a ConcreteFunction called inside a tf.function), so they are found by reading the graph."""
+    import tensorflow as tf
+
+    found: list[str] = []
+    for op in graph.get_operations():
+        if op.type not in ("StatefulPartitionedCall", "PartitionedCall"):
+            continue
+        name = ops.as_str(op.get_attr("f").name)
+        if function_kind(name) == "instrumented":
+            found += REGISTRY.blind_spots.get(name, [])
+        elif any(t.dtype == tf.resource for t in op.inputs):
+            found.append(
+                f"{NOT_COMPARED}the variables written by {ops.function_name(name)}, a function "
+                f"traced before nddebug.trace() and called inside {ops.function_name(graph.name)}"
+                ": TensorFlow runs such a call without telling nddebug. Create or first call it "
+                "inside the block, or pass the outer function to nddebug.check()."
+            )
+    return found
+
+
+class PreCallHook:
+    """Reads the captured variables of opaque calls just before TensorFlow runs them."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+        self.before: dict[str, list[list[dg.Digest | None]]] = {}
+        self._original: Any = None
+
+    def install(self) -> None:
+        from tensorflow.python.eager import context
+
+        original = context.Context.call_function
+        hook = self
+
+        def call_function(ctx: Any, name: Any, tensor_inputs: Any, num_outputs: int) -> Any:
+            if not busy():
+                fname = ops.as_str(name)
+                if function_kind(fname) != "instrumented":
+                    digests = state_digests(tensor_inputs)
+                    hook.before.setdefault(fname, []).append(digests)
+            return original(ctx, name, tensor_inputs, num_outputs)
+
+        self._original = original
+        context.Context.call_function = call_function
+
+    def uninstall(self) -> None:
+        from tensorflow.python.eager import context
+
+        if self._original is not None:
+            context.Context.call_function = self._original
+            self._original = None
+
+    def pop(self, name: str) -> list[dg.Digest | None] | None:
+        """The digests read before the call that just returned (None if the hook missed it)."""
+        stack = self.before.get(name)
+        return stack.pop() if stack else None

@@ -1,0 +1,213 @@
+"""tf.distribute on two logical CPU devices: check() under MirroredStrategy, replica consistency
+in one step, and collectives as sources of their own kind.
+
+Logical devices must be configured before TensorFlow initialises its devices, so every test
+runs its TensorFlow part in a fresh interpreter (helpers.run_python)."""
+
+from __future__ import annotations
+
+import pytest
+
+import nddebug
+from nddebug.recording import Recording
+from tests.helpers import run_python
+
+SETUP = """
+import json
+import numpy as np
+import tensorflow as tf
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+import nddebug
+
+# One strategy per process: a second MirroredStrategy over the same devices reuses the
+# collective instance keys of the first, and TF 2.21 aborts on the shape mismatch.
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def mirrored_step(noise="", shift=0.0):
+    # A custom step under strategy.run: each replica's own half of the batch; `noise` adds a
+    # random op to the all-reduced gradient of w; `shift` changes replica 1's data.
+    with strategy.scope():
+        w = tf.Variable(tf.ones([4, 3]), name="w")
+        b = tf.Variable(tf.zeros([3]), name="b")
+    x = tf.random.stateless_normal([8, 4], seed=[1, 2])
+    ds = strategy.experimental_distribute_values_from_function(
+        lambda ctx: x[4 * ctx.replica_id_in_sync_group : 4 * ctx.replica_id_in_sync_group + 4]
+        + shift * ctx.replica_id_in_sync_group
+    )
+
+    def step(xb):
+        with tf.GradientTape() as tape:
+            h = tf.matmul(xb, w) + b
+            if noise == "dropout":  # per-replica randomness before the all-reduce: harmless
+                h = tf.nn.dropout(h, 0.5)
+            loss = tf.reduce_sum(h**2)
+        gw, gb = tape.gradient(loss, [w, b])
+        gw, gb = tf.distribute.get_replica_context().all_reduce("sum", [gw, gb])
+        if noise == "unseeded":
+            gw += tf.random.normal(tf.shape(gw), stddev=1e-3)
+        elif noise == "seeded":
+            gw += tf.random.normal(tf.shape(gw), stddev=1e-3, seed=7)
+        elif noise == "stateless":
+            gw += tf.random.stateless_normal(tf.shape(gw), seed=[3, 4], stddev=1e-3)
+        w.assign_sub(0.01 * gw)
+        b.assign_sub(0.01 * gb)
+
+    @tf.function
+    def train(xs):
+        strategy.run(step, args=(xs,))
+
+    return (lambda: train(ds)), (w, b)
+
+def same_components(variables):
+    return all(bool((v.values[0].numpy() == v.values[1].numpy()).all()) for v in variables)
+"""
+
+
+def test_deterministic_mirrored_steps_are_ok_consistent_and_train_as_usual() -> None:
+    out = run_python(
+        SETUP
+        + """
+tf.random.set_seed(0)
+run, variables = mirrored_step()
+report = nddebug.check(run, state=variables, repeats=3)
+with nddebug.trace() as rec:
+    run()
+rc = nddebug.replica_consistency(rec)
+replicas = nddebug.replicas.replica_of_ops(rec)
+
+def build():
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+x = np.random.RandomState(0).randn(16, 4).astype("float32")
+y = np.ones((16, 1), "float32")
+plain = build()
+plain.train_on_batch(x, y)
+checked = build()
+keras_report = nddebug.check(lambda: checked.train_on_batch(x, y), state=checked, repeats=3)
+traced = build()
+with nddebug.trace() as keras_rec:
+    traced.train_on_batch(x, y)
+keras_rc = nddebug.replica_consistency(keras_rec)
+print(json.dumps({
+    "ok": report.ok, "consistent": rc.consistent, "updates": rc.updates_compared,
+    "replicas": sorted(set(replicas.values())), "text": str(rc),
+    "collectives": sorted(
+        {rec.ops[i].op_type for i in replicas if "Collective" in rec.ops[i].op_type}
+    ),
+    "keras_ok": keras_report.ok, "keras_consistent": keras_rc.consistent,
+    "keras_updates": keras_rc.updates_compared,
+    "weights_equal": all(
+        bool((a.numpy() == b.numpy()).all()) for a, b in zip(plain.weights, checked.weights)
+    ),
+    "traced_equal": all(
+        bool((a.numpy() == b.numpy()).all()) for a, b in zip(plain.weights, traced.weights)
+    ),
+    "components": same_components(variables),
+}))
+"""
+    )
+    assert out["ok"] and out["keras_ok"], out
+    assert out["consistent"] and out["keras_consistent"], out["text"]
+    assert out["updates"] == 2 and out["keras_updates"] >= 4, out
+    assert out["replicas"] == [0, 1] and out["collectives"] == ["CollectiveReduceV2"], out
+    assert out["weights_equal"] and out["traced_equal"] and out["components"], out
+
+
+def test_an_unseeded_random_op_after_the_all_reduce_parts_the_replicas() -> None:
+    out = run_python(
+        SETUP
+        + """
+results = {}
+for noise in ("unseeded", "seeded", "stateless", "dropout"):
+    tf.random.set_seed(0)  # "unseeded" has no op seed: its replicas' ops draw differently
+    run, variables = mirrored_step(noise)
+    with nddebug.trace() as rec:
+        run()
+    rc = nddebug.replica_consistency(rec)
+    results[noise] = {
+        "consistent": rc.consistent,
+        "variables": rc.variables,
+        "sources": [(s.op.op_type, s.kind, s.op_names) for s in rc.sources],
+        "components": same_components(variables),
+        "text": str(rc),
+    }
+print(json.dumps(results))
+"""
+    )
+    bad = out["unseeded"]
+    assert not bad["consistent"] and not bad["components"], bad["text"]
+    assert len(bad["variables"]) == 1, bad["text"]  # w, not b
+    assert bad["sources"] == [
+        [
+            "RandomStandardNormal",
+            "random",
+            ["random_normal/RandomStandardNormal", "replica_1/random_normal/RandomStandardNormal"],
+        ]
+    ], bad["text"]
+    for noise in ("seeded", "stateless", "dropout"):
+        assert out[noise]["consistent"] and out[noise]["components"], out[noise]["text"]
+        assert out[noise]["sources"] == [], out[noise]["text"]
+
+
+def test_a_collective_that_differs_with_identical_inputs_is_a_collective_source(tmp_path) -> None:
+    path = str(tmp_path / "runs.nddebug")
+    for shift in (0.0, 1.0):  # one process each: the same collective instance keys
+        run_python(
+            SETUP
+            + f"""
+run, _ = mirrored_step(shift={shift})
+with nddebug.trace(label="shift {shift}") as rec:
+    run()
+rec.save({path!r})
+print("{{}}")
+"""
+        )
+    a, c = nddebug.load(path)
+    # Replica 1's data differs in run c: the all-reduce on replica 0 sees identical local
+    # inputs but gives a different sum. It propagates replica 1's difference; not a source.
+    report = nddebug.compare([a, c])
+    culprits = report.culprits
+    collective = culprits[culprits["op_type"] == "CollectiveReduceV2"]
+    assert len(collective) == 2 and set(collective["role"]) == {"propagated"}, str(report)
+    assert "collective" not in set(report.sources["kind"]), str(report)
+    # A collective that differs where every replica's contribution is identical: run a with
+    # run c's all-reduce outputs spliced in (no CPU collective is non-deterministic to record).
+    spliced = _with_collective_outputs(a, c)
+    report = nddebug.compare([a, spliced])
+    sources = report.sources
+    assert set(sources["op_type"]) == {"CollectiveReduceV2"} and set(sources["kind"]) == {
+        "collective"
+    }, str(report)
+    assert "ReductionToOneDevice" in sources["fix"].iloc[0], str(report)
+
+
+def _with_collective_outputs(base: Recording, other: Recording) -> Recording:
+    import dataclasses
+
+    outs = {
+        other.ops[e.op_id].key: e.digests
+        for e in other.events
+        if other.ops[e.op_id].op_type == "CollectiveReduceV2"
+    }
+    events = [
+        dataclasses.replace(e, digests=outs[base.ops[e.op_id].key])
+        if base.ops[e.op_id].op_type == "CollectiveReduceV2"
+        else e
+        for e in base.events
+    ]
+    return dataclasses.replace(base, events=events, run_id="spliced")
+
+
+def test_replica_consistency_rejects_what_it_cannot_compare() -> None:
+    with pytest.raises(TypeError, match="Recording"):
+        nddebug.replica_consistency([])  # type: ignore[arg-type]
+    with pytest.raises(nddebug.NotComparableError, match="no replicas"):
+        nddebug.replica_consistency(Recording())
