@@ -202,6 +202,8 @@ def picture(report: Report) -> str:
     """The divergence along execution order, as an HTML figure holding an inline SVG; for a
     reproducible report, one line saying so."""
     c = report.comparison
+    if not report.recordings:  # the step raised before a run ended: nothing to draw
+        return ""
     n = len(report.recordings[0].events)
     if report.ok:
         return (
