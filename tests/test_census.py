@@ -2,8 +2,9 @@
 
 Sized so it cannot flake: at 1024 overlapping boxes CropAndResizeGradImage gave a distinct
 result in 58 of 60 runs on a quiet 2-core machine, but ten runs all agreed once under load
-(the worker threads did not overlap); the test reads the 4096-box case. With op determinism, and for MatMul, the kernels are
-deterministic by construction (single-threaded path / fixed blocking), not by chance.
+(the worker threads did not overlap); the test reads the 4096-box case. With op
+determinism, and for MatMul, the kernels are deterministic by construction (single-threaded
+path / fixed blocking), not by chance.
 """
 
 from __future__ import annotations
