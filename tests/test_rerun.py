@@ -226,3 +226,36 @@ def test_rerun_names_no_op_downstream_of_the_crop_a_source() -> None:
         copied = {rec.ops[ev.op_id].op_type for ev in rec.events if ev.reruns}
         assert {"BiasAddGrad", "Conv2DBackpropFilter", "ReluGrad"} <= copied
     assert set(sources) == {"CropAndResizeGradImage"}, sources
+
+
+def _source_names(report: nddebug.Report) -> set[str]:
+    return set(report.sources["op_name"])
+
+
+@pytest.mark.parametrize("workload", ["CPU crop race", "emulated GPU CNN"])
+def test_rerun_and_repeat_agree_on_the_sources_of_one_step(workload: str) -> None:
+    """The two modes look differently: repeats compare whole steps, so an op downstream of a
+    source is 'propagated' even when its own kernel is non-deterministic too; rerun gives each
+    op its own inputs, so it names every such op. They agree when every source of the repeated
+    check is a rerun source and every rerun source diverged in the repeated check."""
+    if workload == "CPU crop race":
+        step, args, state = make_step()
+        emulate = False
+    else:
+        x, y = mnist_cnn.make_data(128)
+        model = mnist_cnn.make_model(0)
+        step, args, state, emulate = model.train_on_batch, (x, y), model, True
+    repeated = nddebug.check(
+        step, *args, repeats=3, state=state, advance=False, emulate_gpu=emulate
+    )
+    rerun = nddebug.check(
+        step, *args, mode="rerun", rerun=3, state=state, advance=False, emulate_gpu=emulate
+    )
+    divergent = set(repeated.culprits["op_name"])
+    assert _source_names(repeated), str(repeated)
+    assert _source_names(repeated) <= _source_names(rerun) <= divergent, f"{repeated}\n\n{rerun}"
+    if workload == "CPU crop race":  # one racing op: the same single source
+        assert _source_names(rerun) == _source_names(repeated)
+    else:  # the emulated GPU kernels downstream of the first ones are sources in rerun mode
+        kinds = set(rerun.sources["op_type"])
+        assert kinds == {"BiasAddGrad", "Conv2DBackpropFilter", "Conv2DBackpropInput"}
