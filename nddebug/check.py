@@ -64,6 +64,9 @@ def check(
     With ``emulate_gpu`` the traced runs rehearse a GPU (:func:`nddebug.emulate_gpu`); the
     final ordinary step does not, so training goes on at the CPU's speed and results.
 
+    An op with no deterministic kernel on this device raises UnimplementedError under op
+    determinism: the report then names it (``report.errors``) with the alternatives.
+
     Finally the state is restored once more and ``fn`` runs once, uninstrumented: the user's
     training continues exactly as if check() had been one ordinary step. With
     ``advance=False`` the state is left as before the check instead.
@@ -164,9 +167,15 @@ def check(
                     report.as_compiled = as_compiled
             else:
                 report = as_compiled
-    except BaseException:
+    except BaseException as exc:
         keeper.restore(before)
-        raise
+        if type(exc).__name__ != "UnimplementedError":
+            raise
+        # No deterministic kernel for an op here (op determinism on a GPU): say which and what
+        # to do instead, rather than end with TensorFlow's traceback.
+        from nddebug.verify import raised_from
+
+        return Report([], mode=mode, errors=[raised_from(exc)])
     # Leave the state as after one ordinary, uninstrumented step of the user's own function:
     # instrumented graphs can fuse ops differently, so their last bits need not match it.
     keeper.restore(before)

@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run the script's trace() blocks under nddebug.emulate_gpu() (rehearse a GPU)",
     )
     run.add_argument(
+        "--verify",
+        action="store_true",
+        help="then re-run the script with each source's fix applied (op determinism, seeds) "
+        "and say per source: fixed, still divergent, or the fix raises here",
+    )
+    run.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="extra variables"
     )
     run.add_argument("-o", "--output", help="also save every run's recording to this file")
@@ -251,6 +257,11 @@ def _run(args: argparse.Namespace) -> int:
             print(f"\n=== trace block {b + 1} of {blocks} ===")
         print(render(report, args.format))
         status = max(status, OK if report.ok else FOUND)
+        if args.verify and not report.ok:
+            env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
+            table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
+            print("\nFixes, verified in fresh runs:")
+            print(table.to_string(index=False))
     return status
 
 

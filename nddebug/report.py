@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from nddebug import knowledge, quantify
+from nddebug import environment, knowledge, quantify
 from nddebug.analysis import (
     Comparison,
     OpFinding,
@@ -23,7 +23,11 @@ from nddebug.errors import NotComparableError
 from nddebug.recording import OPAQUE, Recording
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pandas as pd
+
+    from nddebug.verify import Raised
 
 COLUMNS = [
     "op_type",
@@ -79,15 +83,21 @@ class Report:
         recordings: list[Recording],
         mode: str = "compare",
         captures: list[Recording] | None = None,
+        errors: list[Raised] | None = None,
     ) -> None:
         self.recordings = recordings
         self.captures = captures or []
         self.mode = mode
+        #: Ops that raised instead of running (no deterministic kernel here): never "ok".
+        self.errors = errors or []
         # check() on an XLA step: which program this report is of ("as compiled (XLA)" or
         # "XLA off"), and, for the XLA-off report, the report of the step as compiled.
         self.program = ""
         self.as_compiled: Report | None = None
         runs, capture_runs = recordings, self.captures
+        if self.errors and len(runs) < 2:
+            self.comparison = Comparison(0, 0, 0, [], [], [], [])
+            return
         if mode == "rerun":
             if len(recordings) != 1 or recordings[0].kind != "rerun":
                 raise NotComparableError(
@@ -114,6 +124,7 @@ class Report:
         """True when every run computed bitwise-identical outputs for every traced op, and
         nothing that could differ went uncompared (see :attr:`not_compared`)."""
         own = not self.comparison.findings and not self.comparison.paths and not self.not_compared
+        own = own and not self.errors
         return own and (self.as_compiled is None or self.as_compiled.ok)
 
     @property
@@ -125,6 +136,8 @@ class Report:
     @property
     def verdict(self) -> str:
         c = self.comparison
+        if self.errors:
+            return "NOT checked"
         if c.findings or c.paths or (self.as_compiled is not None and not self.as_compiled.ok):
             return "NOT reproducible"
         return "reproducible" if self.ok else "no difference seen, but not everything compared"
@@ -159,7 +172,7 @@ class Report:
     @property
     def summary(self) -> dict[str, Any]:
         c = self.comparison
-        env = self.recordings[0].environment
+        env = self.recordings[0].environment if self.recordings else environment.capture()
         return {
             "verdict": self.verdict,
             "mode": self.mode,
@@ -178,7 +191,7 @@ class Report:
     @property
     def mode_note(self) -> str:
         note = MODES.get(self.mode, "")
-        if self.mode == "rerun":
+        if self.mode == "rerun" and self.recordings:
             missed = not_rerun(self.recordings[0])
             if missed:
                 note += ". Not re-executed here: " + "; ".join(
@@ -189,11 +202,21 @@ class Report:
     @property
     def not_covered(self) -> dict[str, list[str]]:
         """In rerun mode, the op types that were not re-executed, by reason."""
-        return not_rerun(self.recordings[0]) if self.mode == "rerun" else {}
+        return not_rerun(self.recordings[0]) if self.mode == "rerun" and self.recordings else {}
 
     @property
     def warnings(self) -> list[str]:
         return self.comparison.warnings
+
+    def verify(
+        self, script: str | None = None, args: Sequence[str] = (), runs: int = 3, **env: str
+    ) -> pd.DataFrame:
+        """Re-run the step with each source's fix applied, in fresh processes (the fixes are
+        process-wide): per source "fixed", "still divergent", "raises here" or "not
+        verified" (see :func:`nddebug.verify.verify`; a check() step needs ``script``)."""
+        from nddebug.verify import verify
+
+        return verify(self, script=script, args=args, runs=runs, env=env)
 
     def save(self, path: str) -> None:
         """Write every recording (and capture run) to one file; nddebug.load() reads it back."""

@@ -1,7 +1,8 @@
 """Runs a user's script in a child process of `nddebug run` (``python -m nddebug.runner``).
 
 The script's own ``nddebug.trace()`` blocks save into the file named by NDDEBUG_RECORD; with
-NDDEBUG_TRACE_ALL the whole script runs inside one trace block.
+NDDEBUG_TRACE_ALL the whole script runs inside one trace block; with NDDEBUG_SEED every
+seed (Python, NumPy, TensorFlow, Keras) is set first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ def main() -> None:
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    if os.environ.get("NDDEBUG_SEED"):
+        # report.verify() checks the seeding fix this way: every seed set before the script.
+        from nddebug.state import set_seeds
+
+        set_seeds(int(os.environ["NDDEBUG_SEED"]))
     if os.environ.get("NDDEBUG_TRACE_ALL"):
         from nddebug.tracer import trace
 

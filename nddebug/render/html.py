@@ -82,6 +82,12 @@ def _render(report: Report) -> str:
         f"op determinism {'on' if s['op_determinism'] else 'off'}</p>",
         f'<p class="note">mode: {html.escape(s["mode"])} — {html.escape(report.mode_note)}</p>',
     ]
+    for e in report.errors:  # an op that raised: the step was not checked
+        parts.append(
+            f'<p class="verdict-bad">raises: {html.escape(e.summary)}.</p>'
+            f'<p class="note">error: {html.escape(e.message)}</p>'
+            f"<p>instead: {html.escape(e.fix)}</p>"
+        )
     for w in report.warnings:  # what was not covered belongs next to the verdict
         parts.append(f'<p class="note">warning: {html.escape(w)}</p>')
     for p in report.comparison.paths:
@@ -196,6 +202,8 @@ def picture(report: Report) -> str:
     """The divergence along execution order, as an HTML figure holding an inline SVG; for a
     reproducible report, one line saying so."""
     c = report.comparison
+    if not report.recordings:  # the step raised before a run ended: nothing to draw
+        return ""
     n = len(report.recordings[0].events)
     if report.ok:
         return (

@@ -75,13 +75,18 @@ def _render(report: Report) -> str:
         f"  TensorFlow {s['tensorflow']} on {s['devices'] or '?'}; "
         f"op determinism {'on' if s['op_determinism'] else 'off'}",
     ]
-    if report.ok:
+    if report.errors and not s["runs"]:
+        lines.append("  The step could not run to the end: nothing was compared.")
+    elif report.ok:
         lines.append("  Every traced op produced bitwise-identical outputs in every run.")
     else:
         lines.append(
             f"  {s['sources']} source op(s), {s['propagated']} propagated, "
             f"{s['control_flow']} op(s) that ran in some runs only"
         )
+    for e in report.errors:
+        lines += [f"  raises: {e.summary}.", *_wrap("  error: ", e.message)]
+        lines += _wrap("  instead: ", e.fix)
     # Warnings say what was not covered: they belong next to the verdict, not under the table.
     lines += [f"  warning: {w}" for w in report.warnings]
     for p in report.comparison.paths:

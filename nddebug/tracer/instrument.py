@@ -131,6 +131,8 @@ def instrument_op(
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
         # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
         op = graph.get_operation_by_name(op_name)
+    if rec.rerun:
+        inputs = rerun.unfuse(graph, op, op_type, inputs)
     out_tensors = list(outputs)
     note = ""
     written = ops.written_value(op_type, inputs) if not out_tensors else None

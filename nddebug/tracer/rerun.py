@@ -90,6 +90,31 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
     return dups
 
 
+# Ops that oneDNN's graph rewrite (MklLayoutRewritePass, CPU builds) merges with a BiasAddGrad
+# reading the same tensor, input index -> partner: the merged node computes the bias gradient
+# with oneDNN's kernel, not BiasAddGrad's. Which of the original and its copies gets merged
+# depends on the order of the tensor's consumers in memory, so rerun mode compared two kernels
+# and named BiasAddGrad a source in about one step in three.
+_MERGED_ON_INPUT = {"Conv2DBackpropFilter": 2}
+
+
+def unfuse(graph: Any, op: Any, op_type: str, inputs: Any) -> list[Any]:
+    """Keep an op and its copies from being merged with a sibling reading the same tensor
+    (see _MERGED_ON_INPUT): the op reads that tensor through a Snapshot of its own, so the
+    original and every copy of both ops run the same, unmerged kernels."""
+    import tensorflow as tf
+
+    inputs = list(inputs)
+    slot = _MERGED_ON_INPUT.get(op_type)
+    if slot is None or slot >= len(inputs):
+        return inputs
+    with graph.as_default(), tf.name_scope("nddebug"):
+        private = tf.raw_ops.Snapshot(input=inputs[slot])
+    op._update_input(slot, private)
+    inputs[slot] = private
+    return inputs
+
+
 def device_payload(original: Any, copies: list[Any]) -> list[Any]:
     """What the host needs to compare an output with its copies' outputs: the bytes of the
     original and of each copy, sliced to nothing unless some copy differs. A bitwise compare

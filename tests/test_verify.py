@@ -1,0 +1,70 @@
+"""report.verify(): the recommended fix is applied in fresh processes and checked, for real."""
+
+from __future__ import annotations
+
+import os
+
+import nddebug
+from nddebug import verify
+from nddebug.tracer import EMULATE_ENV
+from tests.helpers import ROOT
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+ENV = {"PYTHONPATH": ROOT}
+
+
+def _report(script: str, **env: str) -> nddebug.Report:
+    per_run, error = verify.run_script(script, [], {**ENV, **env}, runs=2)
+    assert not error, error
+    return nddebug.compare([r[0] for r in per_run])
+
+
+def _crop_report() -> nddebug.Report:
+    """The crop step checked in this process (5 repeats: it cannot miss the race)."""
+    from nddebug.examples.detection import make_step
+
+    step, args, state = make_step()
+    return nddebug.check(step, *args, repeats=5, state=state, advance=False)
+
+
+def test_op_determinism_is_verified_to_fix_the_crop_script() -> None:
+    script = os.path.join(SCRIPTS, "crop_step.py")
+    report = _crop_report()
+    assert "CropAndResizeGradImage" in set(report.sources["op_type"]), str(report)
+    table = report.verify(script=script, runs=2, **ENV)
+    crop = table[table["op_type"] == "CropAndResizeGradImage"].to_dict("records")
+    assert crop == [
+        {
+            "op_type": "CropAndResizeGradImage",
+            "fix": "op determinism",
+            "verdict": "fixed",
+            "detail": "2 fresh runs with TF_DETERMINISTIC_OPS=1",
+        }
+    ]
+    # A source whose advice names no fix to apply is not claimed either way.
+    assert set(table[table["op_type"] != "CropAndResizeGradImage"]["verdict"]) <= {"not verified"}
+
+
+def test_seeding_is_verified_to_fix_an_unseeded_random_op() -> None:
+    script = os.path.join(SCRIPTS, "random_step.py")
+    report = _report(script)
+    assert "RandomUniform" in set(report.sources["op_type"]), str(report)
+    table = report.verify(script=script, runs=2, **ENV)
+    row = table[table["op_type"] == "RandomUniform"].iloc[0]
+    assert (row["fix"], row["verdict"]) == ("seeds", "fixed"), table
+
+
+def test_a_fix_that_raises_on_the_emulated_gpu_is_reported_as_such() -> None:
+    script = os.path.join(SCRIPTS, "crop_step.py")
+    report = _crop_report()
+    table = report.verify(script=script, runs=2, **ENV, **{EMULATE_ENV: "1"})
+    row = table[table["op_type"] == "CropAndResizeGradImage"].iloc[0]
+    assert row["verdict"] == "raises here", table
+    assert "CropAndResizeBackpropImage not available" in row["detail"]
+
+
+def test_without_a_script_nothing_is_claimed() -> None:
+    table = _crop_report().verify()
+    assert set(table["verdict"]) == {"not verified"}
+    crop = table[table["op_type"] == "CropAndResizeGradImage"].iloc[0]
+    assert "pass script=" in crop["detail"]
