@@ -23,6 +23,7 @@ from nddebug.recording import (
     NOT_COMPARED,
     OPAQUE,
     RERUN_INNER,
+    TF1_GRAPH,
     XLA_NOTE,
     Event,
     OpInfo,
@@ -360,8 +361,10 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
     def after_divergent_write(f: OpFinding) -> bool:
         for u in f.units:
             seq = ref_seq.get(u, 1 << 62)
-            eager = not f.op.graph
-            if any((eager or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, [])):
+            # Eager ops and TF1 session graphs read the same variables from one call (or
+            # Session.run) to the next; a tf.function's handles are its own per call.
+            across = not f.op.graph or f.op.graph == TF1_GRAPH
+            if any((across or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, [])):
                 return True
         return False
 
@@ -514,6 +517,15 @@ def _explain(f: OpFinding, device: str = "") -> None:
             "the variable's value after the step differs, but no traced op explains it: it was "
             "updated inside a function that ran uninstrumented (traced before the block, or "
             "XLA-compiled), or the runs started from different values"
+        )
+        return
+    if op.attrs.get("races_with"):
+        f.culprit = None
+        f.kind = "race"
+        f.explanation = (
+            f"reads a variable that {', '.join(op.attrs['races_with'])} also writes in the same "
+            "Session.run, with no data or control dependency between the two: the runs read it "
+            "before and after the write"
         )
         return
     on_its_device = f.culprit is not None and f.culprit.device in (

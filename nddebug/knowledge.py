@@ -37,7 +37,7 @@ __all__ = [
 SCHEMA_VERSION = 2
 DEVICES = ("GPU", "CPU", "any")
 PASSES = ("forward", "backward", "both")
-KINDS = ("numerical", "random", "input pipeline", "control flow", "other", "collective")
+KINDS = ("numerical", "random", "input pipeline", "control flow", "other", "collective", "race")
 #: Kinds of sources that are not one op: calls nddebug cannot see inside. [advice] has a text
 #: for each, besides the culprit kinds.
 OPAQUE_KINDS = ("XLA cluster", "uninstrumented function")

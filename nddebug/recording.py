@@ -40,6 +40,11 @@ XLA_NOTE = (
 )
 
 
+#: OpInfo.graph of the ops of a TF1 graph (tf.compat.v1 Session): one graph whose variables
+#: persist from one Session.run to the next.
+TF1_GRAPH = "tf.compat.v1 graph"
+
+
 @dataclass
 class OpInfo:
     """A traced op: one per eager op execution site or graph node (static facts)."""

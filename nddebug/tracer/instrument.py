@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED, OpInfo
+from nddebug.recording import NOT_COMPARED, TF1_GRAPH, OpInfo
 from nddebug.tracer import ops, rerun, transport
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
@@ -40,6 +40,11 @@ def is_data_graph(graph: Any) -> bool:
     return name.startswith("Dataset_") or "_Dataset_" in name
 
 
+def graph_name(graph: Any) -> str:
+    """A graph's name; a TF1 graph has none."""
+    return ops.as_str(getattr(graph, "name", "") or "") or TF1_GRAPH
+
+
 def graph_key(graph: Any) -> str:
     names = []
     g = graph
@@ -58,7 +63,8 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     if name in cache:
         return cache[name]
     d = None
-    if dg.digestible(tensor.dtype):
+    # A reference (TF1 variable) is read when the digest runs, not when its consumer did.
+    if dg.digestible(tensor.dtype) and not tensor.dtype._is_ref_dtype:
         with tf.name_scope("nddebug"):
             lib = transport.native_ops()
             if lib is not None and rerun.on_host(tensor.device):
@@ -106,27 +112,30 @@ def instrument_op(
     outputs: Any,
     op_name: str | None,
     graph: Any,
-) -> None:
-    """Add the digest ops and the host callback for one graph op, as it is created."""
+) -> Any:
+    """Add the digest ops and the host callback for one graph op, as it is created; return
+    the op that delivers its executions (None when nothing of it is recorded)."""
     import tensorflow as tf
 
     if op_type in ops.SKIP_OPS:
-        return
+        return None
     if in_xla(graph):
         _note_xla(rec, graph)
-        return
+        return None
     cache = REGISTRY.graph_cache(graph)
     alias = ops.ALIAS_OPS.get(op_type, -1)
+    if any(t.dtype._is_ref_dtype for t in inputs):
+        alias = -1  # an Identity of a TF1 variable reads it: a real op, digested
     host = bool(rec.rerun) and rerun.on_host(outputs[0].device if outputs else "")
     if alias != -1 and host:
-        return  # rerun mode on the host digests no inputs: nothing to pass through
+        return None  # rerun mode on the host digests no inputs: nothing to pass through
     if alias != -1:
         # Pass-through: consumers see the producer's digest; nothing runs.
         for i, out in enumerate(outputs):
             src = inputs[i if alias is None else alias] if inputs else None
             if src is not None:
                 cache[out.name] = digest_in_graph(graph, src)
-        return
+        return None
     op = outputs[0].op if outputs else None
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
         # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
@@ -144,12 +153,20 @@ def instrument_op(
         if dtype is not None:
             from tensorflow.python.ops import gen_resource_variable_ops
 
-            with tf.control_dependencies([op]), tf.name_scope("nddebug"):
-                out_tensors = [gen_resource_variable_ops.read_variable_op(inputs[0], dtype)]
+            if is_v1_graph(graph):
+                # Not tf.control_dependencies: it marks the update op too, and a TF1 op that a
+                # session has run must not change.
+                with tf.name_scope("nddebug"):
+                    value = gen_resource_variable_ops.read_variable_op(inputs[0], dtype)
+                value.op._add_control_input(op)
+            else:
+                with tf.control_dependencies([op]), tf.name_scope("nddebug"):
+                    value = gen_resource_variable_ops.read_variable_op(inputs[0], dtype)
+            out_tensors = [value]
             note = "value of the variable after this update"
     if op_type in ("Const", "Placeholder") and not note:
         # Constants are fixed by the graph; placeholders are digested by their consumers.
-        return
+        return None
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
         out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
@@ -157,7 +174,8 @@ def instrument_op(
         readable_out: list[Any] = []
     else:
         in_digests = [digest_in_graph(graph, t) for t in inputs]
-        digests_first(op, inputs, in_digests)
+        if not is_v1_graph(graph):  # a TF1 op may have run already: it must not change
+            digests_first(op, inputs, in_digests)
         out_digests = [digest_in_graph(graph, t) for t in out_tensors]
         readable_out = [d for d in out_digests if d is not None]
     readable_in = [d for d in in_digests if d is not None]
@@ -188,7 +206,7 @@ def instrument_op(
         key=key,
         op_type=op_type,
         op_name=op.name,
-        graph=ops.as_str(graph.name),
+        graph=graph_name(graph),
         device=op.device or "",
         location=graph_location(op, rec.lib_dirs),
         dtypes=[t.dtype.name for t in out_tensors],
@@ -222,8 +240,8 @@ def instrument_op(
                 + (", and the variables it captures are not compared." if writes else "."),
             )
     if not readable_out and not readable_in and not payload:
-        return
+        return None
     captured = payload
     if rec.capture and key in rec.capture and not payload:
         captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
-    transport.send(op_id, readable_out, readable_in, captured)
+    return transport.send(op_id, readable_out, readable_in, captured)

@@ -13,8 +13,8 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
-from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, Recording
-from nddebug.tracer import eager, instrument, opaque, ops, rerun, transport
+from nddebug.recording import XLA_NOTE, Event, Recording
+from nddebug.tracer import eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 
@@ -39,6 +39,8 @@ class Recorder:
         self.capture: set[str] | None = None
         # Opaque calls' variables are read before each call by this hook.
         self.pre_call = opaque.PreCallHook(self)
+        # TF1 graphs: each Session.run instruments and records the ops it executes.
+        self.session_hook = session.SessionHook(self)
         # XLA-compiled functions that ran (top level) or were traced nested inside one.
         self.xla_functions: set[str] = set()
 
@@ -68,12 +70,14 @@ class Recorder:
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
         self.pre_call.install()
+        self.session_hook.install()
 
     def stop(self) -> None:
         from tensorflow.python.eager.polymorphic_function import transform as concrete_function
         from tensorflow.python.framework import op_callbacks
 
         self.pre_call.uninstall()
+        self.session_hook.uninstall()
         op_callbacks.remove_op_callback(self.callback)
         set_gate(False)
         transport.set_active(False)
@@ -121,12 +125,7 @@ class Recorder:
                     self.drain()
                     eager.on_eager(self, op_type, inputs or (), attrs, outputs or ())
                 elif instrument.is_v1_graph(graph):
-                    ops.warn_once(
-                        self.recording,
-                        f"{NOT_COMPARED}TF1 graph mode (tf.compat.v1 graphs and Session) is not "
-                        "supported: its ops are not recorded. Run the step eagerly or in a "
-                        "tf.function.",
-                    )
+                    pass  # a TF1 graph is instrumented by the Session.run that executes it
                 elif not instrument.is_data_graph(graph):
                     instrument.instrument_op(
                         self, op_type, inputs or (), attrs, outputs or (), op_name, graph

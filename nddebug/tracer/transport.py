@@ -41,18 +41,18 @@ def native_ops() -> native.Native | None:
     return native.load()
 
 
-def send(op_id: int, out_digests: list[Any], in_digests: list[Any], values: list[Any]) -> None:
-    """Emit, in the graph being built, the op that delivers one op execution."""
+def send(op_id: int, out_digests: list[Any], in_digests: list[Any], values: list[Any]) -> Any:
+    """Emit, in the graph being built, the op that delivers one op execution; return it."""
     import tensorflow as tf
 
     lib = native_ops()
-    with tf.name_scope("nddebug"):
+    with tf.name_scope("nddebug") as scope:
         if lib is not None and not values:
-            lib.record(op_id, out_digests, in_digests)
-            return
+            return lib.record(op_id, out_digests, in_digests)
         outs, ins = _stacked(out_digests), _stacked(in_digests)
         args = [tf.constant(op_id, tf.int64), outs, ins, *values]
         tf.numpy_function(_receive, args, Tout=[], stateful=True)
+        return tf.compat.v1.get_default_graph().get_operation_by_name(f"{scope}PyFunc")
 
 
 def _stacked(digests: list[Any]) -> Any:
