@@ -114,11 +114,13 @@ def test_executions_that_only_swap_order_are_not_divergent() -> None:
     assert not nddebug.compare([run([1, 2, 3]), run([1, 2, 4])]).ok
 
 
-def test_trace_in_a_tf1_graph_context_warns_and_does_not_wedge_later_traces() -> None:
+def test_trace_in_a_tf1_graph_context_records_its_session_and_does_not_wedge_later_traces() -> None:
     with tf.Graph().as_default():
         with nddebug.trace() as rec:
-            tf.constant(1.0) + 2.0
-    assert any("TF1 graph mode" in w for w in rec.warnings), rec.warnings
+            total = tf.constant(1.0) + 2.0
+            with tf.compat.v1.Session() as session:
+                assert session.run(total) == 3.0
+    assert [rec.ops[e.op_id].op_type for e in rec.events] == ["AddV2", "Session.run"]
     with nddebug.trace() as rec2:  # the next trace starts normally
         tf.constant(1.0) + 2.0
     assert len(rec2) == 1

@@ -10,7 +10,9 @@ dense 10, softmax), categorical cross-entropy, categorical accuracy twice as met
 default) instead of reference variables, and glorot-uniform initialisers seeded by the graph seed.
 
 Run it: ``python -m nddebug.examples.keras2_session`` prints the two losses; under
-``nddebug run -n 10`` every Session.run is traced.
+``nddebug run --all -n 10`` every Session.run is traced. What nddebug finds (docs/tf1-sessions.md):
+the learning rate's read of ``iterations`` races its increment; traced, 3 of 10 processes read it
+after the increment, and that read is the one source.
 """
 
 from __future__ import annotations
