@@ -44,6 +44,7 @@ COLUMNS = [
     "rel_diff",
     "frac_differing",
     "known_cause",
+    "evidence",
     "fix",
     "graph",
     "executions",
@@ -242,9 +243,25 @@ class Report:
         return {"text/plain": str(self), "text/html": self._repr_html_()}
 
 
+def _evidence(c: knowledge.Culprit) -> str:
+    """What backs a known culprit: its measurements (a real GPU's first), when it holds, and
+    where its sources disagree."""
+    parts = []
+    if c.measured_gpu is not None:
+        parts.append(f"measured on {c.measured_gpu}")
+    if c.measured:
+        parts.append(f"measured: {c.measured}")
+    if c.condition:
+        parts.append(f"holds when: {c.condition}")
+    if c.sources_disagree:
+        parts.append(f"sources disagree: {c.sources_disagree}")
+    return "; ".join(p.rstrip(". ") for p in parts)
+
+
 def _row(f: Any) -> dict[str, Any]:
     op = f.op
     c: knowledge.Culprit | None = f.culprit
+    evidence = ""
     if f.role == "propagated":
         known = c.mechanism if c else ""
         fix = "Fix the source op(s) above; this op only carries their difference."
@@ -275,6 +292,7 @@ def _row(f: Any) -> dict[str, Any]:
     elif c is not None:
         known = f"{c.api}: {c.mechanism}"
         fix = c.fix
+        evidence = _evidence(c)
     else:
         known = "not in the known list"
         fix = knowledge.advice(f.kind)
@@ -293,6 +311,7 @@ def _row(f: Any) -> dict[str, Any]:
         "rel_diff": f.rel_diff,
         "frac_differing": f.frac_differing,
         "known_cause": known,
+        "evidence": evidence,
         "fix": fix,
         "graph": op.graph,
         "executions": f.executions,

@@ -424,8 +424,14 @@ def test_cnn_sources_carry_the_gpu_fix(cnn_report: nddebug.Report) -> None:
     assert cnn_report.recordings[0].environment["emulated_device"] == "GPU"
     assert any("emulate_gpu" in w for w in cnn_report.warnings)
     for _, row in cnn_report.sources.iterrows():
-        assert row["fix"] == knowledge.lookup(row["op_type"], "GPU").fix, row["op_type"]
+        entry = knowledge.lookup(row["op_type"], "GPU")
+        assert row["fix"] == entry.fix, row["op_type"]
         assert "enable_op_determinism" in row["fix"]
+        # What the H100 measured for the entry comes with it: a finding, not only a citation.
+        assert entry.measured_gpu is not None, row["op_type"]
+        assert f"measured on {entry.measured_gpu}" in row["evidence"]
+    text = str(cnn_report)
+    assert "evidence: measured on NVIDIA H100" in text
 
 
 @pytest.mark.slow

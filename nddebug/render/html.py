@@ -26,6 +26,7 @@ _COLUMNS = [
     ("scale", "max |x|"),
     ("rel_diff", "rel |Δ|"),
     ("known_cause", "known cause"),
+    ("evidence", "evidence"),
     ("fix", "fix"),
 ]
 _STYLE = """

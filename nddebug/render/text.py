@@ -112,6 +112,7 @@ def _render(report: Report) -> str:
                 *_wrap("size: ", _size(row)),
                 *_wrap("why: ", row["explanation"]),
                 *_wrap("known: ", _known(row)),
+                *_wrap("evidence: ", row["evidence"]),
                 *_wrap("fix: ", row["fix"]),
             ]
     return "\n".join(lines)
