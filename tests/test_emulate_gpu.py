@@ -429,7 +429,7 @@ def test_cnn_sources_carry_the_gpu_fix(cnn_report: nddebug.Report) -> None:
         assert "enable_op_determinism" in row["fix"]
         # What the H100 measured for the entry comes with it: a finding, not only a citation.
         assert entry.measured_gpu is not None, row["op_type"]
-        assert f"measured on {entry.measured_gpu}" in row["evidence"]
+        assert f"measured on {str(entry.measured_gpu).rstrip('. ')}" in row["evidence"]
     text = str(cnn_report)
     assert "evidence: measured on NVIDIA H100" in text
 
