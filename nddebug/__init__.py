@@ -26,7 +26,7 @@ from nddebug.errors import (
 )
 from nddebug.knowledge import known_ops
 from nddebug.recording import Recording
-from nddebug.replicas import ReplicaConsistency, replica_consistency
+from nddebug.replicas import ReplicaConsistency, replica_consistency, worker_consistency
 from nddebug.report import Report
 
 
@@ -64,6 +64,7 @@ __all__ = [
     "load",
     "replica_consistency",
     "trace",
+    "worker_consistency",
 ]
 
 

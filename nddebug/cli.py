@@ -72,6 +72,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="extra variables"
     )
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each run as an N-worker MultiWorkerMirroredStrategy job on this machine "
+        "(TF_CONFIG on localhost ports, a process per worker); compare each worker's runs and "
+        "the workers with each other",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop a run whose processes have not all finished after this long",
+    )
     run.add_argument("-o", "--output", help="also save every run's recording to this file")
     run.add_argument("--format", choices=["text", "html", "csv", "json"], default="text")
     run.add_argument("script")
@@ -198,11 +213,16 @@ def _hashseed(option: str, run: int) -> str | None:
 
 def _run(args: argparse.Namespace) -> int:
     from nddebug.check import compare
-    from nddebug.storage import load, save
-    from nddebug.tracer import EMULATE_ENV, LABEL_ENV, RECORD_ENV
+    from nddebug.storage import save
+    from nddebug.tracer import EMULATE_ENV
 
-    if args.runs < 2:
+    workers = args.workers
+    if workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {workers}")
+    if args.runs < (1 if workers > 1 else 2):
         raise UsageError(f"-n must be at least 2 to compare runs, got {args.runs}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if not os.path.isfile(args.script):
         raise UsageError(f"{args.script}: no such script")
     extra = {}
@@ -211,11 +231,11 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise UsageError(f"--env takes NAME=VALUE, not {item!r}")
         extra[name] = value
-    per_run: list[list[Any]] = []
+    # per_run[i][k]: the trace blocks of run i, worker k (one worker without --workers).
+    per_run: list[list[list[Any]]] = []
     with tempfile.TemporaryDirectory(prefix="nddebug-run-") as tmp:
         for i in range(args.runs):
-            path = os.path.join(tmp, f"run{i}.nddebug")
-            env = {**os.environ, **extra, RECORD_ENV: path, LABEL_ENV: f"process {i}"}
+            env = {**os.environ, **extra}
             seed = _hashseed(args.hashseed, i)
             if seed is not None:
                 env["PYTHONHASHSEED"] = seed
@@ -226,42 +246,164 @@ def _run(args: argparse.Namespace) -> int:
             if args.emulate_gpu:
                 env[EMULATE_ENV] = "1"
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            print(f"nddebug: run {i + 1}/{args.runs}: {args.script}", file=sys.stderr, flush=True)
-            cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-                raise UsageError(
-                    f"run {i + 1} of {args.script} failed (exit {proc.returncode}):\n{tail}"
-                )
-            if not os.path.exists(path):
-                raise UsageError(
-                    f"{args.script} ran no nddebug.trace() block: wrap the training step in "
-                    "`with nddebug.trace():`, or pass --all to trace the whole script"
-                )
-            per_run.append(load(path))
-        counts = {len(r) for r in per_run}
+            what = f" with {workers} workers" if workers > 1 else ""
+            print(
+                f"nddebug: run {i + 1}/{args.runs}{what}: {args.script}",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                per_run.append(_one_run(args, env, i, tmp))
+            except UsageError as exc:
+                kept = _keep_partial(per_run, tmp, i, args.output)
+                raise UsageError(f"{exc}{kept}") from None
+        counts = {len(blocks) for run in per_run for blocks in run}
         if len(counts) != 1:
             raise UsageError(
                 f"the runs recorded different numbers of trace blocks ({sorted(counts)}): "
                 "the script's path through its trace blocks differs between runs"
             )
         if args.output:
-            save([rec for recs in per_run for rec in recs], args.output)
+            save([rec for run in per_run for blocks in run for rec in blocks], args.output)
     status = OK
     blocks = counts.pop()
     for b in range(blocks):
-        report = compare([recs[b] for recs in per_run])
-        report.mode = "processes"
         if blocks > 1:
             print(f"\n=== trace block {b + 1} of {blocks} ===")
-        print(render(report, args.format))
-        status = max(status, OK if report.ok else FOUND)
-        if args.verify and not report.ok:
-            env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
-            table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
-            print("\nFixes, verified in fresh runs:")
-            print(table.to_string(index=False))
+        for k in range(workers):
+            if workers > 1:
+                print(f"\n=== worker {k}: its {args.runs} runs compared ===")
+            if args.runs < 2:
+                print("(one run: nothing to compare across runs)")
+                continue
+            report = compare([run[k][b] for run in per_run])
+            report.mode = "processes"
+            print(render(report, args.format))
+            status = max(status, OK if report.ok else FOUND)
+            if args.verify and not report.ok and workers == 1:
+                env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
+                table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
+                print("\nFixes, verified in fresh runs:")
+                print(table.to_string(index=False))
+        if workers > 1:
+            status = max(status, _workers_agree(per_run, b))
+    return status
+
+
+def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) -> list[list[Any]]:
+    """Run the script once (as ``--workers`` processes of one job); each worker's blocks."""
+    from nddebug.storage import load
+    from nddebug.tracer import LABEL_ENV, RECORD_ENV
+
+    n = args.workers
+    cluster = [f"localhost:{port}" for port in _free_ports(n)]
+    procs, paths = [], []
+    for k in range(n):
+        path = os.path.join(tmp, f"run{i}-worker{k}.nddebug")
+        label = f"process {i}" + (f" worker {k}" if n > 1 else "")
+        wenv = {**env, RECORD_ENV: path, LABEL_ENV: label}
+        if n > 1:
+            task = {"type": "worker", "index": k}
+            wenv["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": task})
+        cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+        paths.append(path)
+    who = (lambda k: f"run {i + 1}, worker {k}") if n > 1 else (lambda k: f"run {i + 1}")
+    try:
+        _wait_all(procs, args.timeout, who)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    out = []
+    for k, path in enumerate(paths):
+        if not os.path.exists(path):
+            raise UsageError(
+                f"{args.script} ran no nddebug.trace() block"
+                f"{' in worker ' + str(k) if n > 1 else ''}: wrap the training step in "
+                "`with nddebug.trace():`, or pass --all to trace the whole script"
+            )
+        out.append(load(path))
+    return out
+
+
+def _wait_all(procs: list[Any], timeout: float | None, who: Any) -> None:
+    """Wait for every process; the first that fails, or the timeout, stops them all."""
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = set(range(len(procs)))
+    while pending:
+        for k in sorted(pending):
+            code = procs[k].poll()
+            if code is None:
+                continue
+            pending.discard(k)
+            if code != 0:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                _, err = procs[k].communicate()
+                tail = "\n".join((err or "").strip().splitlines()[-15:])
+                others = " (the other workers were stopped)" if len(procs) > 1 else ""
+                raise UsageError(f"{who(k)} failed (exit {code}){others}:\n{tail}")
+        if pending and deadline is not None and time.monotonic() > deadline:
+            names = ", ".join(str(k) for k in sorted(pending))
+            stuck = f"worker(s) {names} still running" if len(procs) > 1 else "still running"
+            raise UsageError(
+                f"{who(min(pending))} timed out after {timeout:g} s: {stuck}, all stopped "
+                "(a worker that waits for a missing or stuck peer never returns)"
+            )
+        if pending:
+            time.sleep(0.05)
+
+
+def _free_ports(n: int) -> list[int]:
+    """n ports free on localhost now (the OS picks them; the workers bind them next)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _keep_partial(per_run: list[list[list[Any]]], tmp: str, i: int, output: str | None) -> str:
+    """Save what was recorded before a run failed; say where (or "" if nothing was)."""
+    from nddebug.storage import load, save
+
+    recs = [rec for run in per_run for blocks in run for rec in blocks]
+    for name in sorted(os.listdir(tmp)):
+        if name.startswith(f"run{i}-"):
+            try:
+                recs += load(os.path.join(tmp, name))
+            except NddebugError:
+                continue  # a worker killed while writing: its file may be unreadable
+    if not recs:
+        return ""
+    path = output or os.path.abspath("nddebug-partial.nddebug")
+    save(recs, path)
+    return f"\nThe {len(recs)} recording(s) made before it are saved in {path}."
+
+
+def _workers_agree(per_run: list[list[list[Any]]], b: int) -> int:
+    """Print, per run, whether the workers ended the step with the same variables."""
+    from nddebug.replicas import worker_consistency
+
+    status = OK
+    for i, run in enumerate(per_run):
+        result = worker_consistency([blocks[b] for blocks in run])
+        print(f"\n=== the workers of run {i + 1} compared with each other ===\n{result}")
+        status = max(status, OK if result.consistent else FOUND)
     return status
 
 

@@ -53,6 +53,9 @@ def capture() -> dict[str, Any]:
         pass
     env["build"] = build
     env["devices"] = [d.name for d in tf.config.list_logical_devices()]
+    task = _cluster_task()
+    if task is not None:
+        env["cluster_task"] = task  # which worker of a multi-worker job recorded this
     env["op_determinism"] = _op_determinism_enabled()
     env["threads"] = {
         "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
@@ -87,3 +90,14 @@ def _seeds() -> dict[str, Any]:
         seeds["tf_global_seed"] = getattr(random_seed, "_DEFAULT_GRAPH_SEED", None)
     seeds["python_random_state_hash"] = hash(random.getstate()) & 0xFFFFFFFF
     return seeds
+
+
+def _cluster_task() -> dict[str, Any] | None:
+    """The task of TF_CONFIG (e.g. {"type": "worker", "index": 1}), if it names one."""
+    import json
+
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG", "") or "{}").get("task")
+    except (ValueError, AttributeError):
+        return None
+    return task if isinstance(task, dict) else None

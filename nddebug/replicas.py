@@ -13,6 +13,7 @@ each variable component) carry no prefix but run on their replica's device.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ __all__ = [
     "is_collective",
     "replica_consistency",
     "replica_of_ops",
+    "worker_consistency",
 ]
 
 #: Op types that combine or move values between replicas (tf.raw_ops, TF 2.21).
@@ -173,26 +175,28 @@ class ReplicaConsistency:
     variables: list[str] = field(default_factory=list)  # variables whose replicas differ
     sources: list[ReplicaPart] = field(default_factory=list)
     unpaired: list[str] = field(default_factory=list)
+    unit: str = "replica"  # or "worker": what was compared with what
 
     def __bool__(self) -> bool:
         return self.consistent
 
     def __str__(self) -> str:
-        head = f"{self.replicas} replicas, {self.updates_compared} variable updates compared: "
+        u = self.unit
+        head = f"{self.replicas} {u}s, {self.updates_compared} variable updates compared: "
         if self.consistent:
-            return head + "consistent (every replica holds the same variables)"
+            return head + f"consistent (every {u} holds the same variables)"
         lines = [head + ("INCONSISTENT" if self.variables else "not fully compared")]
         for v in self.variables:
-            lines.append(f"  variable differs between replicas: {v}")
+            lines.append(f"  variable differs between {u}s: {v}")
         for s in self.sources:
             lines.append(
-                f"  replicas part at {s.op.op_type} {s.op.op_name} [{s.kind}]"
+                f"  {u}s part at {s.op.op_type} {s.op.op_name} [{s.kind}]"
                 f"{' at ' + s.op.location if s.op.location else ''}: {s.explanation}"
             )
             if s.advice:
                 lines.append(f"    fix: {s.advice}")
         for u in self.unpaired:
-            lines.append(f"  not compared (no counterpart in every replica): {u}")
+            lines.append(f"  not compared (no counterpart in every {self.unit}): {u}")
         return "\n".join(lines)
 
 
@@ -210,19 +214,63 @@ def replica_consistency(recording: Recording) -> ReplicaConsistency:
     different outputs: a per-replica unseeded random op, a reduction whose order differs per
     replica, a collective that gave the replicas different results.
     """
-    from nddebug import knowledge
-    from nddebug.analysis import OpFinding, _explain
-
     if not isinstance(recording, Recording):
         raise TypeError(f"replica_consistency() takes a Recording, got {type(recording).__name__}")
     replica = replica_of_ops(recording)
-    n = len(set(replica.values()))
-    if n < 2:
+    if len(set(replica.values())) < 2:
         raise NotComparableError(
             "the recording has no replicas to compare: trace a step that calls strategy.run "
             "inside a tf.function under a tf.distribute strategy with two or more devices"
         )
-    groups = _align(recording, replica)
+    return _consistency(recording, replica, _align(recording, replica))
+
+
+def worker_consistency(recordings: list[Recording]) -> ReplicaConsistency:
+    """Compare the workers of one multi-worker step with each other: one recording per worker
+    process, in worker order (what ``nddebug run --workers N`` records).
+
+    Each worker runs the same program, so its ops pair with the other workers' by their key
+    and execution count; its call units by their position. Then as
+    :func:`replica_consistency`, with a worker as a replica: every worker must end the step
+    with the same variables, and where they part the source is named."""
+    if len(recordings) < 2:
+        raise NotComparableError("worker_consistency() needs the recordings of 2 or more workers")
+    merged = Recording(digest_algorithm=recordings[0].digest_algorithm)
+    replica: dict[int, int] = {}
+    groups: dict[tuple[str, ...], dict[int, int]] = defaultdict(dict)
+    stride = 1 + max(max((*r.ops, *(e.seq for e in r.events), 0)) for r in recordings)
+    for k, rec in enumerate(recordings):
+        # Call units by position: the seq of a worker's n-th top-level op becomes n.
+        calls = {e.seq: i for i, e in enumerate(e for e in rec.events if e.call == e.seq)}
+        for op_id, op in rec.ops.items():
+            merged.ops[k * stride + op_id] = dataclasses.replace(op, op_id=k * stride + op_id)
+            replica[k * stride + op_id] = k
+            groups[("key", op.key)][k] = k * stride + op_id
+        for e in rec.events:
+            merged.events.append(
+                dataclasses.replace(
+                    e,
+                    seq=k * stride + e.seq,
+                    op_id=k * stride + e.op_id,
+                    call=calls.get(e.call, -1),
+                )
+            )
+    n = len(recordings)
+    paired = {g: m for g, m in groups.items() if len(m) == n}
+    return _consistency(merged, replica, paired, member="worker")
+
+
+def _consistency(
+    recording: Recording,
+    replica: dict[int, int],
+    groups: dict[tuple[str, ...], dict[int, int]],
+    member: str = "replica",
+) -> ReplicaConsistency:
+    """The comparison behind :func:`replica_consistency` and :func:`worker_consistency`."""
+    from nddebug import knowledge
+    from nddebug.analysis import OpFinding, _explain
+
+    n = len(set(replica.values()))
     group_of = {op_id: g for g, m in groups.items() for op_id in m.values()}
 
     # Executions per (call, group, occurrence) and replica.
@@ -311,16 +359,23 @@ def replica_consistency(recording: Recording) -> ReplicaConsistency:
         )
         finding.entered = entered
         _explain(finding)
+        advice = finding.culprit.fix if finding.culprit else knowledge.advice(finding.kind)
         if entered:
             finding.explanation = (
-                "its inputs already differed between replicas where they entered the step "
-                "(per-replica values from outside the traced ops, or variables that held "
+                f"its inputs already differed between {member}s where they entered the step "
+                f"(per-{member} values from outside the traced ops, or variables that held "
                 "different values before the step)"
+            )
+            advice = (
+                f"Find the per-{member} value that reaches this op: a Python number or constant "
+                f"that depends on the {member} (task index, device), per-{member} data used after "
+                "the all-reduce, or variables that started apart (create them under the "
+                "strategy's scope, so that every replica starts from the same value)."
             )
         if op.note == UPDATE_NOTE and finding.kind == "other":
             finding.explanation = (
-                "the update's inputs were identical in every replica, but the variable held a "
-                "different value in each before it: the replicas started the step apart"
+                f"the update's inputs were identical in every {member}, but the variable held a "
+                f"different value in each before it: the {member}s started the step apart"
             )
         if is_collective(op.op_type) and finding.kind != "collective":
             finding.kind = "collective"
@@ -331,10 +386,11 @@ def replica_consistency(recording: Recording) -> ReplicaConsistency:
                 kind=finding.kind,
                 explanation=finding.explanation,
                 seq=seq,
-                advice=finding.culprit.fix if finding.culprit else knowledge.advice(finding.kind),
+                advice=advice,
             )
         )
     return ReplicaConsistency(
+        unit=member,
         replicas=n,
         consistent=not differing and not unpaired and bool(updates),
         updates_compared=len(updates),
