@@ -57,6 +57,7 @@ def capture() -> dict[str, Any]:
     if task is not None:
         env["cluster_task"] = task  # which worker of a multi-worker job recorded this
     env["op_determinism"] = _op_determinism_enabled()
+    env["onednn"] = onednn_enabled()
     env["threads"] = {
         "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
         "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
@@ -67,6 +68,18 @@ def capture() -> dict[str, Any]:
     # Under nddebug.emulate_gpu() the report's advice is the GPU's: the run rehearses a GPU.
     env["emulated_device"] = "GPU" if emulate.is_active() else ""
     return env
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow's CPU ops run oneDNN's kernels (``_MklMatMul`` for ``MatMul``, ...).
+    They round differently from the Eigen kernels, and TensorFlow turns them on by default only
+    on some CPUs, so two machines with the same versions may still compute differently."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except Exception:  # noqa: BLE001 - a build without the query: assume not
+        return False
 
 
 def _op_determinism_enabled() -> bool:
