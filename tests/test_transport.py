@@ -128,3 +128,46 @@ print(json.dumps([len(rec.events), transport.COUNTS["callbacks"], warned, native
     env["NDDEBUG_NATIVE"] = "1"
     # Mul and AddV2 by host callback, and the call itself; one warning; no library
     assert run_python(code, env=env) == [3, 2, 1, True]
+
+
+def test_native_graph_digests_and_records_each_op_with_one_op():
+    """One fused op per recorded op: its outputs are the digests the consumers' records reuse,
+    and constants are digested when the graph is built, not by an op in every step."""
+    _native_lib()
+    fn = _chain()
+    x = tf.constant(np.arange(50, dtype=np.float32))
+    with nddebug.trace() as rec:
+        fn(x)
+    graph = fn.get_concrete_function(x).graph
+    ours = [op for op in graph.get_operations() if op.type.startswith("Nddebug")]
+    fused = [op for op in ours if op.type == "NddebugDigestRecord"]
+    recorded = {info.op_name for info in rec.ops.values() if info.graph == graph.name}
+    assert {op.get_attr("op_id") for op in fused} <= set(rec.ops)
+    assert len(fused) == len(recorded) >= N_OPS
+    # besides them, only the function's argument needs a digest op
+    assert [op.inputs[-1].op.type for op in ours if op.type == "NddebugDigest"] == ["Placeholder"]
+    assert not any(t.op.type == "Const" for op in ours for t in op.inputs)
+    # ... and the constants' digests recorded are those of their values
+    muls = [e for e in rec.events if rec.ops[e.op_id].op_type == "Mul"]
+    assert {tuple(e.inputs[1]) for e in muls} == {digest_numpy(np.float32(1.5))}
+
+
+def test_fused_op_row_places_static_input_digests_between_dynamic_ones():
+    lib = _native_lib()
+    a = np.linspace(-1, 1, 9000, dtype=np.float64)
+    b = np.arange(7, dtype=np.int8)
+    lib.drain()
+    lib.set_active(True)
+    try:
+        din = tf.constant([[11, 12], [13, 14]], tf.int64)
+        outs = lib.digest_record(77, [tf.constant(a), tf.constant(b)], [din], [(5, 6)], [1])
+        rows = transport.drain()
+    finally:
+        lib.set_active(False)
+    assert [tuple(o.numpy()[0]) for o in outs] == [digest_numpy(a), digest_numpy(b)]
+    assert rows == [
+        (77, [list(digest_numpy(a)), list(digest_numpy(b))], [[11, 12], [5, 6], [13, 14]])
+    ]
+    # outside a trace the op reads nothing and appends nothing
+    outs = lib.digest_record(78, [tf.constant(a)], [], [(5, 6)], [0])
+    assert [tuple(o.numpy()[0]) for o in outs] == [(0, 0)] and lib.drain() == []

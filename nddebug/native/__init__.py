@@ -1,5 +1,7 @@
 """nddebug's native ops: the digest in one pass over the bytes, and a process-global buffer
-that traced graphs append digest rows to, drained by the host once per top-level call.
+that traced graphs append digest rows to, drained by the host once per top-level call. The
+tracer mostly uses the fused op (digest an op's outputs and append its row, one op per op);
+the separate digest and record ops serve the cases it does not cover.
 
 The C++ source (``nddebug_ops.cc``) ships with the package and is compiled on first use with
 the C++ compiler TensorFlow's headers need (``g++`` unless ``$CXX``), against the installed
@@ -10,7 +12,7 @@ TensorFlow, into a per-user cache keyed by the TensorFlow version and the source
 Why optional: a compiler or TensorFlow's headers may be missing. Then the tracer uses the
 pure-TF digest and one host callback per op, and the recording says so in a warning.
 ``NDDEBUG_NATIVE=0`` chooses that path on purpose. Only CPU kernels exist: on a machine with
-a GPU the pure-TF path runs (its digest runs on the GPU); a CUDA kernel for the same two ops
+a GPU the pure-TF path runs (its digest runs on the GPU); a CUDA kernel for the same ops
 would slot in here.
 """
 
@@ -70,6 +72,39 @@ class Native:
             "n_out": _attr(i=len(out_digests)),
         }
         return _create(graph, "NddebugRecord", digests, attrs, 0)
+
+    def digest_record(
+        self,
+        op_id: int,
+        tensors: list[Any],
+        in_digests: list[Any],
+        in_static: list[tuple[int, int]] = (),
+        in_static_at: list[int] = (),
+    ) -> list[Any]:
+        """The fused op: while a trace is active, the digests of ``tensors`` (int64 [1, 2]
+        each; zeros outside) and one row for ``op_id`` appended to the buffer. ``in_static``
+        are input digests known when the graph was built, at positions ``in_static_at`` of
+        the row's inputs."""
+        static = [int(v) for pair in in_static for v in pair]
+        graph = getattr(tensors[0], "graph", None)
+        if graph is None or not hasattr(graph, "_create_op_internal"):
+            return self.ops.nddebug_digest_record(
+                x=tensors,
+                in_digests=in_digests,
+                M=len(tensors),
+                op_id=op_id,
+                in_static=static,
+                in_static_at=list(in_static_at),
+            )
+        attrs = {
+            "T": _attr(list={"type": [t.dtype.as_datatype_enum for t in tensors]}),
+            "N": _attr(i=len(in_digests)),
+            "M": _attr(i=len(tensors)),
+            "op_id": _attr(i=op_id),
+            "in_static": _attr(list={"i": static}),
+            "in_static_at": _attr(list={"i": list(in_static_at)}),
+        }
+        return _create(graph, "NddebugDigestRecord", [*tensors, *in_digests], attrs, len(tensors))
 
     def set_active(self, on: bool) -> None:
         self.clib.nddebug_set_active(1 if on else 0)

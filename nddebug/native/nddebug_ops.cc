@@ -1,6 +1,7 @@
 // nddebug's native ops (CPU kernels): the digest of nddebug/digest.py in one pass over the
 // bytes, and a recorder that appends digest rows to a process-global buffer, so a traced
-// graph hands its digests to Python once per call (a drain) instead of once per op.
+// graph hands its digests to Python once per call (a drain) instead of once per op; and the
+// two fused (NddebugDigestRecord), the op the tracer adds for most graph ops.
 //
 // The digest definition ("nddebug-wsum64x2-v1") is in docs/format.md; digest_numpy is the
 // reference this must match bit for bit. A GPU kernel would register the same ops for
@@ -216,6 +217,93 @@ class RecordOp : public OpKernel {
   int n_out_ = 0;
 };
 
+// Digest and record in one op: the digests of the op's outputs (its x inputs) are this op's
+// outputs, which the digests of the consumers' inputs reuse, and the row (op_id, those
+// digests, the input digests) is appended when a trace is active. One op per instrumented op
+// execution instead of one digest op per output plus a record op. Input digests that were
+// known when the graph was built (constants) come as attrs: in_static holds their pairs and
+// in_static_at their positions among the input digest pairs.
+class DigestRecordOp : public OpKernel {
+ public:
+  explicit DigestRecordOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("op_id", &op_id_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_static", &in_static_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_static_at", &in_static_at_));
+    OP_REQUIRES(ctx, in_static_.size() == 2 * in_static_at_.size(),
+                tensorflow::errors::InvalidArgument("NddebugDigestRecord: in_static holds ",
+                                                    in_static_.size(), " values for ",
+                                                    in_static_at_.size(), " positions"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    // No gate input: the buffer is on exactly while a trace() block is (the gate variable
+    // switches with it), and a gate read feeding every op made the graph much larger.
+    const bool on = g_active.load(std::memory_order_relaxed);
+    tensorflow::OpInputList xs, ds;
+    OP_REQUIRES_OK(ctx, ctx->input_list("x", &xs));
+    OP_REQUIRES_OK(ctx, ctx->input_list("in_digests", &ds));
+    const auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+    std::vector<int64_t> outs(2 * xs.size(), 0);
+    for (int i = 0; i < xs.size(); ++i) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({1, 2}), &out));
+      if (on) {
+        const Tensor& t = xs[i];
+        OP_REQUIRES(ctx, tensorflow::DataTypeCanUseMemcpy(t.dtype()),
+                    tensorflow::errors::InvalidArgument(
+                        "NddebugDigestRecord: cannot read the bytes of ",
+                        tensorflow::DataTypeString(t.dtype())));
+        const auto bytes = t.tensor_data();
+        uint64_t lo, hi;
+        digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), pool, &lo, &hi);
+        outs[2 * i] = static_cast<int64_t>(lo);
+        outs[2 * i + 1] = static_cast<int64_t>(hi);
+      }
+      auto o = out->matrix<int64_t>();
+      o(0, 0) = outs[2 * i];
+      o(0, 1) = outs[2 * i + 1];
+    }
+    if (!on) return;
+    int64_t n_dynamic = 0;
+    for (int i = 0; i < ds.size(); ++i) n_dynamic += ds[i].NumElements() / 2;
+    const int64_t n_in = n_dynamic + static_cast<int64_t>(in_static_at_.size());
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_rows.push_back(op_id_);
+    g_rows.push_back(xs.size());
+    g_rows.push_back(n_in);
+    g_rows.insert(g_rows.end(), outs.begin(), outs.end());
+    size_t next_static = 0;
+    int d = 0;
+    int64_t k = 0;  // the next pair inside ds[d]
+    for (int64_t p = 0; p < n_in; ++p) {
+      if (next_static < in_static_at_.size() && in_static_at_[next_static] == p) {
+        g_rows.push_back(in_static_[2 * next_static]);
+        g_rows.push_back(in_static_[2 * next_static + 1]);
+        ++next_static;
+        continue;
+      }
+      while (d < ds.size() && k >= ds[d].NumElements() / 2) {
+        ++d;
+        k = 0;
+      }
+      if (d >= ds.size()) {  // positions past the inputs: malformed attrs, keep the row whole
+        g_rows.push_back(0);
+        g_rows.push_back(0);
+        continue;
+      }
+      const auto flat = ds[d].flat<int64_t>();
+      g_rows.push_back(flat(2 * k));
+      g_rows.push_back(flat(2 * k + 1));
+      ++k;
+    }
+  }
+
+ private:
+  int64_t op_id_ = 0;
+  std::vector<int64_t> in_static_;
+  std::vector<int64_t> in_static_at_;
+};
+
 }  // namespace
 
 REGISTER_OP("NddebugDigest")
@@ -238,6 +326,26 @@ REGISTER_OP("NddebugRecord")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Appends (op_id, output digests, input digests) to the process buffer in a trace.");
 
+REGISTER_OP("NddebugDigestRecord")
+    .Input("x: T")
+    .Input("in_digests: N * int64")
+    .Output("digests: M * int64")
+    .Attr("T: list(type)")
+    .Attr("N: int >= 0")
+    .Attr("M: int >= 1")
+    .Attr("op_id: int")
+    .Attr("in_static: list(int) = []")
+    .Attr("in_static_at: list(int) = []")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Matrix(1, 2));
+      return tensorflow::OkStatus();
+    })
+    .Doc("In a trace: digests of x (one [1, 2] output each; zeros outside), and the row (op_id, those digests, the input "
+         "digests, in_static at in_static_at among them) appended to the buffer in a trace.");
+
 REGISTER_KERNEL_BUILDER(Name("NddebugDigest").Device(tensorflow::DEVICE_CPU).HostMemory("gate"),
                         DigestOp);
 REGISTER_KERNEL_BUILDER(Name("NddebugRecord").Device(tensorflow::DEVICE_CPU), RecordOp);
+REGISTER_KERNEL_BUILDER(
+    Name("NddebugDigestRecord").Device(tensorflow::DEVICE_CPU), DigestRecordOp);

@@ -1,9 +1,10 @@
 """Graph ops (``tf.function``, Keras train functions, cond/while bodies, gradients, optimizer
-updates) are instrumented when they are created: digest ops are added next to the op and a
-host callback per op execution delivers them (:mod:`nddebug.tracer.transport`).
+updates) are instrumented when they are created: on the native path one fused op digests the
+op's outputs and appends its row to the buffer; otherwise digest ops are added next to the op
+and the row is delivered by :mod:`nddebug.tracer.transport`.
 
-An instrumented graph stays instrumented; outside ``trace()`` the process-wide gate makes its
-digests read an empty slice (:mod:`nddebug.tracer.registry`).
+An instrumented graph stays instrumented; outside ``trace()`` the process-wide switch makes
+its digests read no data (:mod:`nddebug.tracer.registry`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,15 @@ def in_xla(graph: Any) -> bool:
 
 
 def is_v1_graph(graph: Any) -> bool:
+    """Whether ``graph`` is a TF1 graph (run by a Session), asked once per graph."""
     from tensorflow.python.framework import ops as tf_ops
 
-    return not tf_ops.executing_eagerly_outside_functions() or not hasattr(graph, "outer_graph")
+    cache = REGISTRY.graph_cache(graph)
+    if "<v1>" not in cache:
+        cache["<v1>"] = not tf_ops.executing_eagerly_outside_functions() or not hasattr(
+            graph, "outer_graph"
+        )
+    return cache["<v1>"]
 
 
 def is_data_graph(graph: Any) -> bool:
@@ -63,16 +70,91 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     if name in cache:
         return cache[name]
     d = None
-    # A reference (TF1 variable) is read when the digest runs, not when its consumer did.
-    if dg.digestible(tensor.dtype) and not tensor.dtype._is_ref_dtype:
-        with tf.name_scope("nddebug"):
-            lib = transport.native_ops()
-            if lib is not None and rerun.on_host(tensor.device):
-                d = lib.digest(graph_gate(graph), [tensor])  # one op, [1, 2]
-            else:
-                d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device), graph_gate(graph))
+    if _digestible(tensor):
+        lib = transport.native_ops()
+        native_here = lib is not None and rerun.on_host(tensor.device)
+        if native_here and tensor.op.type == "Const":
+            d = _const_digest(tensor)
+        if d is None:
+            with tf.name_scope("nddebug"):
+                if native_here:
+                    d = lib.digest(graph_gate(graph), [tensor])  # one op, [1, 2]
+                else:
+                    d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device), graph_gate(graph))
     cache[name] = d
     return d
+
+
+def _digestible(tensor: Any) -> bool:
+    # A reference (TF1 variable) is read when the digest runs, not when its consumer did.
+    return dg.digestible(tensor.dtype) and not tensor.dtype._is_ref_dtype
+
+
+def _const_digest(tensor: Any) -> tuple[int, int] | None:
+    """A constant's digest, computed once on the host when the graph is built (the same
+    value the native op would give): the graph needs no op to digest it."""
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        return dg.digest_numpy(tensor_util.MakeNdarray(tensor.op.get_attr("value")))
+    except Exception:  # noqa: BLE001 - an unusual constant: digest it in the graph
+        return None
+
+
+def _as_tensor(d: Any) -> Any:
+    """A digest as a graph tensor: a constant's precomputed pair becomes an int64 [1, 2]."""
+    import tensorflow as tf
+
+    if isinstance(d, tuple):
+        with tf.name_scope("nddebug"):
+            return tf.constant([list(d)], tf.int64)
+    return d
+
+
+def _fused_lib(rec: Any, graph: Any, out_tensors: list[Any]) -> Any:
+    """The native library when this op's outputs can be digested and recorded by one fused op
+    (native path, outputs on the host and not digested already, no tensor values to keep)."""
+    if rec.rerun or rec.capture or not any(_digestible(t) for t in out_tensors):
+        return None
+    lib = transport.native_ops()
+    if lib is None:
+        return None
+    cache = REGISTRY.graph_cache(graph)
+    if any(t.name in cache or not rerun.on_host(t.device) for t in out_tensors):
+        return None
+    return lib
+
+
+def _send_fused(
+    lib: Any, graph: Any, op_id: int, out_tensors: list[Any], in_digests: list[Any]
+) -> Any:
+    """Emit the fused digest-and-record op; its outputs become the outputs' digests."""
+    import tensorflow as tf
+
+    xs = [t for t in out_tensors if _digestible(t)]
+    dynamic, static, at = [], [], []
+    for i, d in enumerate(d for d in in_digests if d is not None):
+        if isinstance(d, tuple):
+            static.append(d)
+            at.append(i)
+        else:
+            dynamic.append(d)
+    with tf.name_scope("nddebug"):
+        outs = lib.digest_record(op_id, xs, dynamic, static, at)
+    acd = getattr(graph, "experimental_acd_manager", None)
+    if acd is not None:
+        # tf.function chains every stateful op without a resource input in program order
+        # (automatic control dependencies): all the records in one line, each digest waiting
+        # for the one before. Rows need no order but that of the variable reads and writes,
+        # which _in_variable_order keeps per variable.
+        acd.run_independently(outs[0].op)
+    cache = REGISTRY.graph_cache(graph)
+    for t, d in zip(xs, outs, strict=True):
+        cache[t.name] = d
+    return outs[0].op
+
+
+_NATIVE_DIGESTS = ("NddebugDigest", "NddebugDigestRecord")
 
 
 def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
@@ -84,7 +166,7 @@ def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
     outs = {(t.dtype, tuple(t.shape.as_list())) for t in op.outputs if t.shape.is_fully_defined()}
     seen = set()
     for t, d in zip(inputs, digests, strict=False):
-        if d is None or d.op.type != "NddebugDigest" or d.op.name in seen:
+        if getattr(d, "op", None) is None or d.op.type not in _NATIVE_DIGESTS or d.op.name in seen:
             continue
         if t.shape.is_fully_defined() and (t.dtype, tuple(t.shape.as_list())) in outs:
             seen.add(d.op.name)
@@ -167,6 +249,7 @@ def instrument_op(
     if op_type in ("Const", "Placeholder") and not note:
         # Constants are fixed by the graph; placeholders are digested by their consumers.
         return None
+    fused = None
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
         out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
@@ -176,7 +259,11 @@ def instrument_op(
         in_digests = [digest_in_graph(graph, t) for t in inputs]
         if not is_v1_graph(graph):  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, in_digests)
-        out_digests = [digest_in_graph(graph, t) for t in out_tensors]
+        fused = _fused_lib(rec, graph, out_tensors)
+        if fused is not None:  # digested by the op that records them, made below
+            out_digests = [True if _digestible(t) else None for t in out_tensors]
+        else:
+            out_digests = [digest_in_graph(graph, t) for t in out_tensors]
         readable_out = [d for d in out_digests if d is not None]
     readable_in = [d for d in in_digests if d is not None]
     stateful = bool(op._is_stateful) if hasattr(op, "_is_stateful") else False
@@ -241,7 +328,28 @@ def instrument_op(
             )
     if not readable_out and not readable_in and not payload:
         return None
-    captured = payload
-    if rec.capture and key in rec.capture and not payload:
-        captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
-    return transport.send(op_id, readable_out, readable_in, captured)
+    if fused is not None:
+        sender = _send_fused(fused, graph, op_id, out_tensors, in_digests)
+    else:
+        readable_out = [_as_tensor(d) for d in readable_out]
+        readable_in = [_as_tensor(d) for d in readable_in]
+        captured = payload
+        if rec.capture and key in rec.capture and not payload:
+            captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
+        sender = transport.send(op_id, readable_out, readable_in, captured)
+    if info.resource:
+        _in_variable_order(graph, sender, info.resource)
+    return sender
+
+
+def _in_variable_order(graph: Any, sender: Any, resource: str) -> None:
+    """Deliver the rows of one variable's reads and writes in program order, as they ran
+    (tf.function orders the ops themselves per variable): the analysis tells a read that
+    follows a divergent write from a source by that order."""
+    if getattr(graph, "experimental_acd_manager", None) is None:
+        return  # no automatic ordering here (TF1 graphs): rows keep their own order
+    cache = REGISTRY.graph_cache(graph)
+    last = cache.get(f"<last {resource}>")
+    if last is not None:
+        sender._add_control_input(last)
+    cache[f"<last {resource}>"] = sender

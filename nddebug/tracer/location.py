@@ -3,6 +3,7 @@ the standard library and nddebug itself (nddebug's examples count as user code).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -21,6 +22,7 @@ def library_dirs() -> tuple[str, ...]:
     return tuple(d + os.sep for d in dirs)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str, lib_dirs: tuple[str, ...]) -> bool:
     """User code is anything outside TF, Keras, the stdlib and nddebug (but nddebug's
     examples are user code: they stand for a user's training script)."""
@@ -37,12 +39,17 @@ def format_location(filename: str, lineno: int, name: str) -> str:
 
 
 def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
-    """The user frame of a graph op's creation traceback."""
+    """The user frame of a graph op's creation traceback.
+
+    Read by index from the innermost frame: the user frame is usually a few frames out, and
+    materialising the whole stack cost ~0.2 ms per op of an instrumented function's tracing."""
     try:
         frames = op.traceback
+        n = len(frames)
     except Exception:  # noqa: BLE001
         return ""
-    for frame in reversed(list(frames)):
+    for i in range(n - 1, -1, -1):
+        frame = frames[i]
         if is_user_file(frame.filename, lib_dirs):
             return format_location(frame.filename, frame.lineno, frame.name)
     return ""
