@@ -126,7 +126,12 @@ def _fused_lib(rec: Any, graph: Any, out_tensors: list[Any]) -> Any:
 
 
 def _send_fused(
-    lib: Any, graph: Any, op_id: int, out_tensors: list[Any], in_digests: list[Any]
+    lib: Any,
+    graph: Any,
+    op_id: int,
+    out_tensors: list[Any],
+    in_digests: list[Any],
+    independent: bool,
 ) -> Any:
     """Emit the fused digest-and-record op; its outputs become the outputs' digests."""
     import tensorflow as tf
@@ -142,11 +147,14 @@ def _send_fused(
     with tf.name_scope("nddebug"):
         outs = lib.digest_record(op_id, xs, dynamic, static, at)
     acd = getattr(graph, "experimental_acd_manager", None)
-    if acd is not None:
+    if acd is not None and independent:
         # tf.function chains every stateful op without a resource input in program order
         # (automatic control dependencies): all the records in one line, each digest waiting
-        # for the one before. Rows need no order but that of the variable reads and writes,
-        # which _in_variable_order keeps per variable.
+        # for the one before. A stateless op is ordered by its data alone, and so is its
+        # record, which reads its inputs' digests from their records: it needs no place in
+        # that line. Stateful ops (variable reads and writes, random ops) keep theirs, so
+        # their rows arrive in program order: that order tells a read after a divergent
+        # write from a source.
         acd.run_independently(outs[0].op)
     cache = REGISTRY.graph_cache(graph)
     for t, d in zip(xs, outs, strict=True):
@@ -329,7 +337,8 @@ def instrument_op(
     if not readable_out and not readable_in and not payload:
         return None
     if fused is not None:
-        sender = _send_fused(fused, graph, op_id, out_tensors, in_digests)
+        independent = not stateful and not info.resource
+        sender = _send_fused(fused, graph, op_id, out_tensors, in_digests, independent)
     else:
         readable_out = [_as_tensor(d) for d in readable_out]
         readable_in = [_as_tensor(d) for d in readable_in]
@@ -337,19 +346,4 @@ def instrument_op(
         if rec.capture and key in rec.capture and not payload:
             captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
         sender = transport.send(op_id, readable_out, readable_in, captured)
-    if info.resource:
-        _in_variable_order(graph, sender, info.resource)
     return sender
-
-
-def _in_variable_order(graph: Any, sender: Any, resource: str) -> None:
-    """Deliver the rows of one variable's reads and writes in program order, as they ran
-    (tf.function orders the ops themselves per variable): the analysis tells a read that
-    follows a divergent write from a source by that order."""
-    if getattr(graph, "experimental_acd_manager", None) is None:
-        return  # no automatic ordering here (TF1 graphs): rows keep their own order
-    cache = REGISTRY.graph_cache(graph)
-    last = cache.get(f"<last {resource}>")
-    if last is not None:
-        sender._add_control_input(last)
-    cache[f"<last {resource}>"] = sender
