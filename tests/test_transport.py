@@ -171,3 +171,11 @@ def test_fused_op_row_places_static_input_digests_between_dynamic_ones():
     # outside a trace the op reads nothing and appends nothing
     outs = lib.digest_record(78, [tf.constant(a)], [], [(5, 6)], [0])
     assert [tuple(o.numpy()[0]) for o in outs] == [(0, 0)] and lib.drain() == []
+    # a static position past the inputs is an error, and leaves no partial row behind
+    lib.set_active(True)
+    try:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="past the inputs"):
+            lib.digest_record(79, [tf.constant(b)], [din], [(5, 6)], [3])
+        assert lib.drain() == []
+    finally:
+        lib.set_active(False)

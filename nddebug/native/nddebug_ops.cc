@@ -1,7 +1,7 @@
 // nddebug's native ops (CPU kernels): the digest of nddebug/digest.py in one pass over the
 // bytes, and a recorder that appends digest rows to a process-global buffer, so a traced
-// graph hands its digests to Python once per call (a drain) instead of once per op; and the
-// two fused (NddebugDigestRecord), the op the tracer adds for most graph ops.
+// graph hands its digests to Python once per call (a drain) instead of once per op; and both
+// in one op (NddebugDigestRecord), the one the tracer adds for most graph ops.
 //
 // The digest definition ("nddebug-wsum64x2-v1") is in docs/format.md; digest_numpy is the
 // reference this must match bit for bit. A GPU kernel would register the same ops for
@@ -159,6 +159,23 @@ __attribute__((visibility("default"))) int64_t nddebug_digest_bytes(const char* 
 
 namespace {
 
+// The digest of one tensor's bytes into pair; an error for a dtype whose bytes are not its
+// value (strings, resources, variants).
+tensorflow::Status digest_tensor(const Tensor& t,
+                                 const tensorflow::DeviceBase::CpuWorkerThreads* pool,
+                                 int64_t* pair) {
+  if (!tensorflow::DataTypeCanUseMemcpy(t.dtype())) {
+    return tensorflow::errors::InvalidArgument("nddebug: cannot read the bytes of ",
+                                               tensorflow::DataTypeString(t.dtype()));
+  }
+  const auto bytes = t.tensor_data();
+  uint64_t lo, hi;
+  digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), pool, &lo, &hi);
+  pair[0] = static_cast<int64_t>(lo);
+  pair[1] = static_cast<int64_t>(hi);
+  return tensorflow::OkStatus();
+}
+
 class DigestOp : public OpKernel {
  public:
   explicit DigestOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -175,15 +192,10 @@ class DigestOp : public OpKernel {
       o(i, 0) = 0;
       o(i, 1) = 0;
       if (!on) continue;  // outside trace(): read no data
-      const Tensor& t = xs[i];
-      OP_REQUIRES(ctx, tensorflow::DataTypeCanUseMemcpy(t.dtype()),
-                  tensorflow::errors::InvalidArgument("NddebugDigest: cannot read the bytes of ",
-                                                      tensorflow::DataTypeString(t.dtype())));
-      const auto bytes = t.tensor_data();
-      uint64_t lo, hi;
-      digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), pool, &lo, &hi);
-      o(i, 0) = static_cast<int64_t>(lo);
-      o(i, 1) = static_cast<int64_t>(hi);
+      int64_t pair[2];
+      OP_REQUIRES_OK(ctx, digest_tensor(xs[i], pool, pair));
+      o(i, 0) = pair[0];
+      o(i, 1) = pair[1];
     }
   }
 };
@@ -247,55 +259,44 @@ class DigestRecordOp : public OpKernel {
     for (int i = 0; i < xs.size(); ++i) {
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({1, 2}), &out));
-      if (on) {
-        const Tensor& t = xs[i];
-        OP_REQUIRES(ctx, tensorflow::DataTypeCanUseMemcpy(t.dtype()),
-                    tensorflow::errors::InvalidArgument(
-                        "NddebugDigestRecord: cannot read the bytes of ",
-                        tensorflow::DataTypeString(t.dtype())));
-        const auto bytes = t.tensor_data();
-        uint64_t lo, hi;
-        digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), pool, &lo, &hi);
-        outs[2 * i] = static_cast<int64_t>(lo);
-        outs[2 * i + 1] = static_cast<int64_t>(hi);
-      }
+      if (on) OP_REQUIRES_OK(ctx, digest_tensor(xs[i], pool, &outs[2 * i]));
       auto o = out->matrix<int64_t>();
       o(0, 0) = outs[2 * i];
       o(0, 1) = outs[2 * i + 1];
     }
     if (!on) return;
-    int64_t n_dynamic = 0;
-    for (int i = 0; i < ds.size(); ++i) n_dynamic += ds[i].NumElements() / 2;
-    const int64_t n_in = n_dynamic + static_cast<int64_t>(in_static_at_.size());
+    // The input digest pairs in input order: the dynamic ones (each input [k, 2]) with the
+    // static ones slotted in at their positions. Built before taking the buffer's lock, so
+    // a malformed op leaves no partial row behind.
+    std::vector<int64_t> ins;
+    size_t next_static = 0;
+    for (int d = 0; d < ds.size(); ++d) {
+      const auto flat = ds[d].flat<int64_t>();
+      for (int64_t k = 0; k < ds[d].NumElements() / 2; ++k) {
+        while (next_static < in_static_at_.size() &&
+               in_static_at_[next_static] == static_cast<int64_t>(ins.size() / 2)) {
+          ins.push_back(in_static_[2 * next_static]);
+          ins.push_back(in_static_[2 * next_static + 1]);
+          ++next_static;
+        }
+        ins.push_back(flat(2 * k));
+        ins.push_back(flat(2 * k + 1));
+      }
+    }
+    for (; next_static < in_static_at_.size(); ++next_static) {
+      OP_REQUIRES(ctx, in_static_at_[next_static] == static_cast<int64_t>(ins.size() / 2),
+                  tensorflow::errors::InvalidArgument(
+                      "NddebugDigestRecord: static input digest position ",
+                      in_static_at_[next_static], " is out of order or past the inputs"));
+      ins.push_back(in_static_[2 * next_static]);
+      ins.push_back(in_static_[2 * next_static + 1]);
+    }
     std::lock_guard<std::mutex> lock(g_mutex);
     g_rows.push_back(op_id_);
     g_rows.push_back(xs.size());
-    g_rows.push_back(n_in);
+    g_rows.push_back(static_cast<int64_t>(ins.size() / 2));
     g_rows.insert(g_rows.end(), outs.begin(), outs.end());
-    size_t next_static = 0;
-    int d = 0;
-    int64_t k = 0;  // the next pair inside ds[d]
-    for (int64_t p = 0; p < n_in; ++p) {
-      if (next_static < in_static_at_.size() && in_static_at_[next_static] == p) {
-        g_rows.push_back(in_static_[2 * next_static]);
-        g_rows.push_back(in_static_[2 * next_static + 1]);
-        ++next_static;
-        continue;
-      }
-      while (d < ds.size() && k >= ds[d].NumElements() / 2) {
-        ++d;
-        k = 0;
-      }
-      if (d >= ds.size()) {  // positions past the inputs: malformed attrs, keep the row whole
-        g_rows.push_back(0);
-        g_rows.push_back(0);
-        continue;
-      }
-      const auto flat = ds[d].flat<int64_t>();
-      g_rows.push_back(flat(2 * k));
-      g_rows.push_back(flat(2 * k + 1));
-      ++k;
-    }
+    g_rows.insert(g_rows.end(), ins.begin(), ins.end());
   }
 
  private:
@@ -341,8 +342,8 @@ REGISTER_OP("NddebugDigestRecord")
       for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Matrix(1, 2));
       return tensorflow::OkStatus();
     })
-    .Doc("In a trace: digests of x (one [1, 2] output each; zeros outside), and the row (op_id, those digests, the input "
-         "digests, in_static at in_static_at among them) appended to the buffer in a trace.");
+    .Doc("In a trace: the digests of x (one [1, 2] output each; zeros outside) and the row "
+         "(op_id, those digests, the input digests with in_static at in_static_at) appended.");
 
 REGISTER_KERNEL_BUILDER(Name("NddebugDigest").Device(tensorflow::DEVICE_CPU).HostMemory("gate"),
                         DigestOp);

@@ -338,12 +338,10 @@ def instrument_op(
         return None
     if fused is not None:
         independent = not stateful and not info.resource
-        sender = _send_fused(fused, graph, op_id, out_tensors, in_digests, independent)
-    else:
-        readable_out = [_as_tensor(d) for d in readable_out]
-        readable_in = [_as_tensor(d) for d in readable_in]
-        captured = payload
-        if rec.capture and key in rec.capture and not payload:
-            captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
-        sender = transport.send(op_id, readable_out, readable_in, captured)
-    return sender
+        return _send_fused(fused, graph, op_id, out_tensors, in_digests, independent)
+    readable_out = [_as_tensor(d) for d in readable_out]
+    readable_in = [_as_tensor(d) for d in readable_in]
+    captured = payload
+    if rec.capture and key in rec.capture and not payload:
+        captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
+    return transport.send(op_id, readable_out, readable_in, captured)
