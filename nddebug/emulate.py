@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from nddebug import knowledge
+from nddebug.switch import Switch
 
 if TYPE_CHECKING:
     import pandas
@@ -295,7 +296,9 @@ _lock = threading.Lock()
 _active_threads = 0
 _rng = random.Random()
 _warned: set[str] = set()
-_GATE: Any = None
+# A process-wide switch read by every emulated graph: a graph traced under emulate_gpu() and
+# run after it computes exactly what the plain op computes.
+_GATE = Switch("emulate_gpu")
 _graph_gates: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -304,24 +307,9 @@ def is_active() -> bool:
     return _local.depth > 0
 
 
-def _gate() -> Any:
-    """A process-wide switch read by every emulated graph: a graph traced under emulate_gpu()
-    and run after it computes exactly what the plain op computes."""
-    global _GATE
-    if _GATE is None:
-        import tensorflow as tf
-        from tensorflow.python.eager import context
-
-        with context.eager_mode(), tf.device("/CPU:0"), _callbacks_paused():
-            _GATE = tf.Variable(False, trainable=False, name="nddebug_emulate_gpu")
-    return _GATE
-
-
 def _set_gate(on: bool) -> None:
-    from tensorflow.python.eager import context
-
-    with context.eager_mode(), _callbacks_paused():
-        _gate().assign(on)
+    with _callbacks_paused():
+        _GATE.set(on)
 
 
 @contextlib.contextmanager
@@ -339,8 +327,12 @@ def _callbacks_paused() -> Iterator[None]:
 
 
 def _graph_gate(graph: Any) -> Any:
+    import tensorflow as tf
+    from tensorflow.python.framework import ops as tf_ops
+
     if graph not in _graph_gates:
-        _graph_gates[graph] = _gate().read_value()
+        with graph.as_default(), tf_ops.control_dependencies(None), tf.name_scope("nddebug"):
+            _graph_gates[graph] = tf.cast(_GATE.read(graph), tf.bool)
     return _graph_gates[graph]
 
 

@@ -16,7 +16,7 @@ The parts, by file:
 from nddebug.tracer.block import EMULATE_ENV, LABEL_ENV, RECORD_ENV, trace
 from nddebug.tracer.eager import digest_eager_tensor
 from nddebug.tracer.recorder import Recorder
-from nddebug.tracer.registry import REGISTRY, gate, inside_nddebug
+from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
 __all__ = [
     "EMULATE_ENV",
@@ -25,7 +25,6 @@ __all__ = [
     "REGISTRY",
     "Recorder",
     "digest_eager_tensor",
-    "gate",
     "inside_nddebug",
     "trace",
 ]

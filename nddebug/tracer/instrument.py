@@ -42,9 +42,18 @@ def is_v1_graph(graph: Any) -> bool:
 def is_data_graph(graph: Any) -> bool:
     """tf.data function bodies run on tf.data's threads, ahead of the step (prefetch): their
     execution count at any moment is timing-dependent, so they are compared through the
-    iterator's outputs instead."""
-    name = getattr(graph, "name", "") or ""
-    return name.startswith("Dataset_") or "_Dataset_" in name
+    iterator's outputs instead. That holds for every function nested in one too (a
+    ``tf.cond`` or ``tf.while_loop`` body inside a ``Dataset.map`` function), so the graphs
+    around this one are asked as well."""
+    cache = REGISTRY.graph_cache(graph)
+    if "<data>" not in cache:
+        g, found = graph, False
+        while g is not None and not found:
+            name = ops.as_str(getattr(g, "name", "") or "")
+            found = name.startswith("Dataset_") or "_Dataset_" in name
+            g = getattr(g, "outer_graph", None)
+        cache["<data>"] = found
+    return cache["<data>"]
 
 
 def graph_name(graph: Any) -> str:
@@ -162,23 +171,32 @@ def _send_fused(
     return outs[0].op
 
 
-_NATIVE_DIGESTS = ("NddebugDigest", "NddebugDigestRecord")
-
-
 def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
-    """Run the native digest of an op's input before the op where the op could reuse that
-    input's buffer for an output (same dtype and shape). The digest is then done with the
-    tensor when the op starts, so the op may still forward the buffer in place, as it does
-    without nddebug; otherwise each step allocates and touches new buffers (~15% of a plain
-    step outside trace()). Other ops keep their schedule."""
-    outs = {(t.dtype, tuple(t.shape.as_list())) for t in op.outputs if t.shape.is_fully_defined()}
+    """Run the digest of an op's input before the op wherever the op could reuse that input's
+    buffer for an output (same dtype and number of elements, or a shape not known when the
+    graph is built). Whether a kernel forwards a buffer in place depends on whether anything
+    else still holds it when the kernel starts; a digest that may still be reading it makes
+    that choice timing-dependent, and some kernels (oneDNN's AddN) then compute other bits.
+    Done first, the digest has let go of the tensor, so the op makes the choice it makes
+    without nddebug. Other ops keep their schedule."""
     seen = set()
     for t, d in zip(inputs, digests, strict=False):
-        if getattr(d, "op", None) is None or d.op.type not in _NATIVE_DIGESTS or d.op.name in seen:
+        d_op = getattr(d, "op", None)
+        if d_op is None or d_op.name in seen or d_op.graph is not op.graph:
             continue
-        if t.shape.is_fully_defined() and (t.dtype, tuple(t.shape.as_list())) in outs:
-            seen.add(d.op.name)
-            op._add_control_input(d.op)
+        if any(_may_forward(t, out) for out in op.outputs):
+            seen.add(d_op.name)
+            op._add_control_input(d_op)
+
+
+def _may_forward(t: Any, out: Any) -> bool:
+    """Whether a kernel could hand ``t``'s buffer to ``out`` (TensorFlow's forward_input asks
+    for the same dtype and number of elements)."""
+    if t.dtype != out.dtype:
+        return False
+    if not (t.shape.is_fully_defined() and out.shape.is_fully_defined()):
+        return True
+    return t.shape.num_elements() == out.shape.num_elements()
 
 
 def _note_xla(rec: Any, graph: Any) -> None:

@@ -1,10 +1,13 @@
 """Where in the user's code an op was made: the innermost frame outside TensorFlow, Keras,
-the standard library and nddebug itself (nddebug's examples count as user code)."""
+every other installed library (site-packages: keras-hub, tf-keras, …), the standard library
+and nddebug itself (nddebug's examples count as user code). An op made inside a library
+called from there (a Keras layer run by ``fit``) also names its name scope, the layer path."""
 
 from __future__ import annotations
 
 import functools
 import os
+import site
 import sys
 import sysconfig
 from typing import Any
@@ -14,12 +17,17 @@ _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
 
 
 def library_dirs() -> tuple[str, ...]:
-    dirs = [_PACKAGE_DIR, sysconfig.get_paths()["stdlib"]]
+    paths = sysconfig.get_paths()
+    dirs = [_PACKAGE_DIR, paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]]
+    try:
+        dirs += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # an embedded interpreter's site module may lack them
+        pass
     for name in ("tensorflow", "keras", "tf_keras", "absl", "optree", "numpy"):
         mod = sys.modules.get(name)
         if mod is not None and getattr(mod, "__file__", None):
             dirs.append(os.path.dirname(os.path.abspath(mod.__file__)))
-    return tuple(d + os.sep for d in dirs)
+    return tuple(sorted({os.path.abspath(d) + os.sep for d in dirs if d}))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -51,8 +59,33 @@ def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
     for i in range(n - 1, -1, -1):
         frame = frames[i]
         if is_user_file(frame.filename, lib_dirs):
-            return format_location(frame.filename, frame.lineno, frame.name)
+            where = format_location(frame.filename, frame.lineno, frame.name)
+            if _through_model_library(frames, i + 1, n):
+                # Made inside a model library called from here: every op of a Keras step
+                # would name the same `fit` line; the name scope says which layer made it.
+                scope = str(getattr(op, "name", "")).rpartition("/")[0]
+                if scope:
+                    where += f" in {scope}"
+            return where
     return ""
+
+
+def _tf_dir() -> str:
+    mod = sys.modules.get("tensorflow")
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    return os.path.dirname(os.path.abspath(path)) + os.sep if path else "\0"
+
+
+def _through_model_library(frames: Any, start: int, end: int) -> bool:
+    """Whether the frames from ``start`` to ``end`` pass through a library other than
+    TensorFlow itself (Keras, keras-hub, …), where the line alone does not say which part of
+    the model made the op."""
+    tf_dir = _tf_dir()
+    for k in range(start, end):
+        name = frames[k].filename
+        if not name.startswith("<") and not os.path.abspath(name).startswith(tf_dir):
+            return True
+    return False
 
 
 def eager_location(lib_dirs: tuple[str, ...]) -> tuple[str, str]:

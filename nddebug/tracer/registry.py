@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nddebug.recording import OpInfo
+from nddebug.switch import Switch
 
 
 class OpRegistry:
@@ -67,29 +68,14 @@ def inside_nddebug() -> Iterator[None]:
         _local.busy = prev
 
 
-_GATE: Any = None
-
-
-def gate() -> Any:
-    """A process-wide switch read by every instrumented graph: outside trace() it is off, and
-    an instrumented function then skips the heavy part of its digests, so a function first
-    traced inside a trace block does not stay slow after it."""
-    global _GATE
-    if _GATE is None:
-        import tensorflow as tf
-        from tensorflow.python.eager import context
-
-        # Eagerly, even when the first trace starts inside a TF1 graph's as_default().
-        with context.eager_mode(), tf.device("/CPU:0"), inside_nddebug():
-            _GATE = tf.Variable(False, trainable=False, name="nddebug_active")
-    return _GATE
+_GATE = Switch("trace")
 
 
 def set_gate(on: bool) -> None:
-    from tensorflow.python.eager import context
-
-    with context.eager_mode():
-        gate().assign(on)
+    """Switch every instrumented graph's digests on (a trace block starts) or off: outside
+    trace() an instrumented function skips the heavy part of its digests, so a function
+    first traced inside a trace block does not stay slow after it."""
+    _GATE.set(on)
 
 
 def graph_gate(graph: Any) -> Any:
@@ -104,5 +90,5 @@ def graph_gate(graph: Any) -> Any:
             # nddebug does inside a trace() block only: no gate (nor an eager variable) needed.
             cache["<gate>"] = tf.constant(1, tf.int32)
         else:
-            cache["<gate>"] = tf.cast(gate().read_value(), tf.int32)
+            cache["<gate>"] = _GATE.read(graph)
     return cache["<gate>"]

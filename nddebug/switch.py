@@ -1,0 +1,81 @@
+"""Process-wide on/off switches that instrumented graphs read at run time.
+
+A switch is a resource variable with a fixed shared name on the host. A graph reads it with its
+own ``VarHandleOp`` + ``ReadVariableOp``, so no graph captures an eager tensor. Capturing one is
+not something every function body supports: a ``tf.while_loop`` gradient body cannot capture
+a tensor it did not get from the forward loop (TF's while_v2 raises "is in list of
+internal_captures but not in internal_capture_to_output", or the gradient loop's condition
+gets an input more than it was built with). A handle made inside the graph needs nothing from
+outside it, whatever kind of body the graph is.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+_lock = threading.Lock()
+
+
+class Switch:
+    """A bool kept as int32 0/1 in a named host variable, read by graphs and set eagerly."""
+
+    def __init__(self, name: str) -> None:
+        # The process id keeps two processes' switches apart where a resource manager could
+        # be shared (it is not today; the name costs nothing).
+        self.shared_name = f"nddebug_switch_{name}_{os.getpid()}"
+        self._handle: Any = None
+        self._reads: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    def _eager_handle(self) -> Any:
+        if self._handle is None:
+            with _lock:
+                if self._handle is None:
+                    import tensorflow as tf
+                    from tensorflow.python.eager import context
+                    from tensorflow.python.ops import gen_resource_variable_ops as gen
+
+                    with context.eager_mode(), tf.device("/CPU:0"):
+                        handle = gen.var_handle_op(
+                            dtype=tf.int32, shape=[], shared_name=self.shared_name, container=""
+                        )
+                        gen.assign_variable_op(handle, tf.constant(0, tf.int32))
+                    self._handle = handle  # kept: the variable lives as long as the process
+        return self._handle
+
+    def set(self, on: bool) -> None:
+        """Switch on or off, for every graph that reads the switch from now on."""
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+        from tensorflow.python.ops import gen_resource_variable_ops as gen
+
+        handle = self._eager_handle()
+        with context.eager_mode(), tf.device("/CPU:0"):
+            gen.assign_variable_op(handle, tf.constant(1 if on else 0, tf.int32))
+
+    def read(self, graph: Any) -> Any:
+        """The switch as an int32 scalar tensor of ``graph``, read once per graph (per loop
+        iteration in a loop body), outside any control dependencies of the user's code."""
+        if graph in self._reads:
+            return self._reads[graph]
+        import tensorflow as tf
+        from tensorflow.python.framework import ops as tf_ops
+        from tensorflow.python.ops import gen_resource_variable_ops as gen
+
+        self._eager_handle()  # the variable exists before any graph reads it
+        with graph.as_default(), tf_ops.control_dependencies(None), tf.device("/CPU:0"):
+            with tf.name_scope("nddebug"):
+                handle = gen.var_handle_op(
+                    dtype=tf.int32, shape=[], shared_name=self.shared_name, container=""
+                )
+                value = gen.read_variable_op(handle, tf.int32)
+        acd = getattr(graph, "experimental_acd_manager", None)
+        if acd is not None:
+            # tf.function chains every stateful op without a resource input in program
+            # order; the handle would join that chain where the first digest was made, and
+            # a digest ordered before an earlier op would close a cycle.
+            acd.run_independently(handle.op)
+        self._reads[graph] = value
+        return value
