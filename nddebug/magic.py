@@ -9,6 +9,7 @@ notebook. This module imports IPython; ``import nddebug`` does not import this m
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from IPython.core import magic_arguments
@@ -16,6 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from nddebug.check import check
+from nddebug.errors import NddebugError
 from nddebug.report import Report
 
 REPORT_NAME = "_nddebug_report"  # where the last report is left in the user's namespace
@@ -62,6 +64,11 @@ class NddebugMagics(Magics):
         retraced for the check, so their ops are seen even if they ran before. Afterwards the
         state is as after one ordinary run of the cell, and the report is also stored in
         ``_nddebug_report``.
+
+        ``-o FILE`` is checked before the cell runs (its folder must exist and be writable; an
+        existing recording file must be one nddebug can append to) and written after the
+        check. If writing fails then, the report is still shown and stored, and the error is
+        printed.
         """
         args = magic_arguments.parse_argstring(self.nddebug, line)
         if args.repeats < 2:
@@ -76,23 +83,22 @@ class NddebugMagics(Magics):
             )
         values = [ns[name] for name in args.state]
         state = None if not values else values[0] if len(values) == 1 else values
-        html_out = args.output if args.output and _is_html(args.output) else None
-        record_out = args.output if args.output and not html_out else None
+        if args.output:
+            _check_output(args.output)  # before the cell runs even once
 
         step = _CellStep(self.shell, cell)
-        report = check(
-            step,
-            repeats=args.repeats,
-            state=state,
-            seed=args.seed,
-            path=record_out,
-        )
-        if html_out:
-            from nddebug.render import html
-
-            with open(html_out, "w", encoding="utf-8") as f:
-                f.write(html.page(report))
+        report = check(step, repeats=args.repeats, state=state, seed=args.seed)
         ns[REPORT_NAME] = report
+        if args.output:
+            try:
+                _save(report, args.output)
+            except (OSError, NddebugError) as exc:
+                # The runs are done: keep the report, say what went wrong.
+                print(
+                    f"nddebug: the report was not saved to {args.output} ({exc}); it is in "
+                    f"{REPORT_NAME} (.save(FILE) writes the recording file)",
+                    file=sys.stderr,
+                )
         return report
 
 
@@ -156,6 +162,42 @@ class _CellStep:
 
 def _is_html(path: str) -> bool:
     return os.path.splitext(path)[1].lower() in (".html", ".htm")
+
+
+def _check_output(path: str) -> None:
+    """A UsageError (one line) if ``-o`` cannot be written: no such folder, not writable, or
+    (for a recording) an existing file nddebug may not append to."""
+    if _is_html(path):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise UsageError(f"-o {path}: no folder {folder} to save it in; nothing was run")
+        if not os.access(folder, os.W_OK) or os.path.isdir(path):
+            raise UsageError(f"-o {path}: cannot write a file there; nothing was run")
+        return
+    from nddebug import storage
+
+    try:
+        storage.check_appendable(path)
+    except NddebugError as exc:
+        raise UsageError(f"-o {exc}; nothing was run") from None
+
+
+def _save(report: Report, path: str) -> None:
+    """Write the report to ``-o``: the HTML page, or every run to the recording file (those
+    of the XLA-compiled check first, as check(path=...) writes them)."""
+    if _is_html(path):
+        from nddebug.render import html
+
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(html.page(report))
+        return
+    from nddebug import storage
+
+    runs = []
+    for part in (report.as_compiled, report):
+        if part is not None:
+            runs += part.recordings + part.captures
+    storage.save(runs, path)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -120,8 +120,142 @@ class Recording:
         storage.save([self], path)
 
 
-def op_from_row(row: dict[str, Any]) -> OpInfo:
-    """Build an OpInfo from its JSON form, tolerating the tuple/list round trip."""
-    fields = {f.name for f in dataclasses.fields(OpInfo)}
-    data = {k: v for k, v in row.items() if k in fields}
+class RowError(ValueError):
+    """A stored row does not have the form the data model needs; the message says what is
+    wrong in words (the loader adds the file and the run)."""
+
+
+def json_kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _dim(value: Any) -> bool:
+    return value is None or is_int(value)
+
+
+def _list_of(check: Any) -> Any:
+    return lambda value: isinstance(value, list) and all(check(v) for v in value)
+
+
+def _or_null(check: Any) -> Any:
+    return lambda value: value is None or check(value)
+
+
+_SHAPE = _list_of(_dim)
+# OpInfo field -> (check, what it must be). Fields with a default may be absent (older files).
+_OP_FIELDS: dict[str, tuple[Any, str]] = {
+    "op_id": (is_int, "an integer"),
+    "key": (_str, "a string"),
+    "op_type": (_str, "a string"),
+    "op_name": (_str, "a string"),
+    "graph": (_str, "a string"),
+    "device": (_str, "a string"),
+    "location": (_str, "a string"),
+    "dtypes": (_list_of(_str), "a list of strings"),
+    "shapes": (_list_of(_or_null(_SHAPE)), "a list of shapes (lists of integers or null)"),
+    "digestible": (_list_of(_bool), "a list of booleans"),
+    "stateful": (_bool, "a boolean"),
+    "attrs": (lambda v: isinstance(v, dict), "an object"),
+    "note": (_str, "a string"),
+    "resource": (_str, "a string"),
+    "function": (_str, "a string"),
+    "written": (_list_of(_str), "a list of strings"),
+    "rerun": (_str, "a string"),
+}
+
+
+def op_from_row(row: Any) -> OpInfo:
+    """Build an OpInfo from its JSON form, tolerating the tuple/list round trip, fields that
+    older files lack (they get their defaults) and unknown fields (ignored). Raises RowError
+    when the row is not an object, lacks a required field or holds a value of the wrong
+    type."""
+    if not isinstance(row, dict):
+        raise RowError(f"op info is a JSON {json_kind(row)}, not an object")
+    data = {}
+    for f in dataclasses.fields(OpInfo):
+        if f.name not in row:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise RowError(f"op info lacks the field {f.name!r}")
+            continue
+        value = row[f.name]
+        check, what = _OP_FIELDS.get(f.name, (lambda v: True, ""))
+        if not check(value):
+            raise RowError(
+                f"op info field {f.name!r} is {json_kind(value)} {value!r:.60}, not {what}"
+            )
+        data[f.name] = value
     return OpInfo(**data)
+
+
+_DIGEST = _list_of(is_int)
+
+
+def _digest(value: Any) -> bool:
+    return _DIGEST(value) and len(value) == 2
+
+
+def digests_from_row(value: Any, what: str, nulls: bool = True) -> list[Digest | None]:
+    """A JSON list of digests ``[[lo, hi] | null, ...]`` as a list of tuples (RowError if it
+    is anything else)."""
+    check = _or_null(_digest) if nulls else _digest
+    if not isinstance(value, list) or not all(check(d) for d in value):
+        raise RowError(
+            f"{what} is {json_kind(value)} {value!r:.60}, not a list of [lo, hi] digests"
+            + (" or null" if nulls else "")
+        )
+    return [tuple(d) if d is not None else None for d in value]
+
+
+def event_from_row(
+    seq: Any, op_id: Any, call: Any, digests: Any, inputs: Any, shapes: Any
+) -> Event:
+    """Build an Event from its stored columns (digests, inputs and shapes already parsed from
+    JSON); RowError if a column has the wrong type."""
+    for name, value in (("seq", seq), ("op_id", op_id), ("call", call)):
+        if not is_int(value):
+            raise RowError(f"event {name} is {json_kind(value)} {value!r:.60}, not an integer")
+    where = f"event seq {seq}"
+    if shapes is not None and not _list_of(_or_null(_SHAPE))(shapes):
+        raise RowError(
+            f"{where}: shapes is {json_kind(shapes)} {shapes!r:.60}, not a list of shapes"
+        )
+    return Event(
+        seq=seq,
+        op_id=op_id,
+        call=call,
+        digests=digests_from_row(digests, f"{where}: digests"),
+        inputs=None if inputs is None else digests_from_row(inputs, f"{where}: inputs"),
+        shapes=shapes,
+    )
+
+
+def reruns_from_row(value: Any, seq: int) -> list[list[Digest | None]]:
+    """The extra executions' digests of one event (JSON list of digest lists)."""
+    if not isinstance(value, list):
+        raise RowError(f"reruns of event seq {seq} is {json_kind(value)}, not a list")
+    return [digests_from_row(row, f"reruns of event seq {seq}") for row in value]

@@ -7,7 +7,10 @@ The C++ source (``nddebug_ops.cc``) ships with the package and is compiled on fi
 the C++ compiler TensorFlow's headers need (``g++`` unless ``$CXX``), against the installed
 TensorFlow, into a per-user cache keyed by the TensorFlow version and the source's hash
 (``$NDDEBUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/nddebug``, else ``~/.cache/nddebug``).
-``python -m nddebug.native build`` builds it ahead of time.
+``python -m nddebug.native build`` builds it ahead of time. Next to the library a sidecar file
+(``<library>.json``) holds its size and SHA-256 as built; a library that does not match it (a
+truncated copy would kill the process with SIGBUS inside ``tf.load_op_library``), or that has
+no sidecar, is rebuilt before it is loaded.
 
 Why optional: a compiler or TensorFlow's headers may be missing. Then the tracer uses the
 pure-TF digest and one host callback per op, and the recording says so in a warning.
@@ -22,6 +25,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -161,37 +165,84 @@ def library_path() -> Path:
     return cache_dir() / f"nddebug_ops-tf{tf.__version__}-{h.hexdigest()[:16]}.so"
 
 
+def sidecar_path(library: Path) -> Path:
+    """The file that records the library's size and SHA-256 as built."""
+    return library.with_name(library.name + ".json")
+
+
+def _fingerprint(path: Path | str) -> dict[str, Any]:
+    data = Path(path).read_bytes()
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def damage(library: Path) -> str:
+    """Why the cached library must not be loaded ("" if it is whole): missing, no sidecar,
+    or a size or hash other than the sidecar's (a truncated or overwritten file)."""
+    if not library.exists():
+        return "not built"
+    sidecar = sidecar_path(library)
+    try:
+        want = json.loads(sidecar.read_text(encoding="utf-8"))
+        size, digest = int(want["size"]), str(want["sha256"])
+    except FileNotFoundError:
+        return f"{library} has no size/hash record ({sidecar.name}): not verifiable"
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return f"{library}'s size/hash record {sidecar.name} is unreadable ({exc})"
+    try:
+        have = _fingerprint(library)
+    except OSError as exc:
+        return f"{library} is unreadable ({exc})"
+    if have["size"] != size:
+        return f"{library} is {have['size']} bytes, {size} when built: truncated or damaged"
+    if have["sha256"] != digest:
+        return f"{library} does not match the SHA-256 recorded when it was built: damaged"
+    return ""
+
+
 def build(force: bool = False) -> Path:
-    """Compile the library if it is not in the cache; returns its path.
+    """Compile the library unless the cache holds it whole (see :func:`damage`); returns its
+    path.
 
     Atomic: the compiler writes a temporary file in the cache directory that is renamed into
-    place, and a lock file makes concurrent processes wait for one build instead of racing.
+    place, then its size and hash go to the sidecar file (also renamed into place), and a lock
+    file makes concurrent processes wait for one build instead of racing. A damaged library
+    is rebuilt; where that is impossible the error says it was damaged.
     """
     target = library_path()
-    if target.exists() and not force:
+    why = "" if force else damage(target)
+    if not force and not why:
         return target
     cxx = os.environ.get("CXX") or "g++"
     if shutil.which(cxx) is None:
-        raise NativeBuildError(f"no C++ compiler ({cxx}) on PATH")
+        cached = f"the cached library is unusable ({why}) and " if target.exists() else ""
+        raise NativeBuildError(f"{cached}no C++ compiler ({cxx}) on PATH to build it")
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(target.with_suffix(".lock")):
-        if target.exists() and not force:
+        if not force and not damage(target):
             return target  # another process built it while we waited
         compile_flags, link_flags = _flags()
         fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=target.parent)
         os.close(fd)
         cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", *compile_flags]
         cmd += [str(SOURCE), "-o", tmp, *link_flags]
+        fd, tmp_sidecar = tempfile.mkstemp(suffix=".json.tmp", dir=target.parent)
+        os.close(fd)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise NativeBuildError(
                     f"{cxx} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}"
                 )
+            Path(tmp_sidecar).write_text(json.dumps(_fingerprint(tmp)), encoding="utf-8")
+            os.chmod(tmp_sidecar, 0o644)  # mkstemp's 0600: readable wherever the library is
+            # The library first: a crash between the renames leaves a library whose sidecar
+            # does not match it, which the next process rebuilds.
             os.replace(tmp, target)
+            os.replace(tmp_sidecar, sidecar_path(target))
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for leftover in (tmp, tmp_sidecar):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
     return target
 
 
