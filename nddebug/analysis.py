@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -361,9 +362,11 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
     def after_divergent_write(f: OpFinding) -> bool:
         for u in f.units:
             seq = ref_seq.get(u, 1 << 62)
-            # Eager ops and TF1 session graphs read the same variables from one call (or
-            # Session.run) to the next; a tf.function's handles are its own per call.
-            across = not f.op.graph or f.op.graph == TF1_GRAPH
+            # A variable known by its identity (eager:<id>, what eager ops and captured
+            # handles are named by) is the same variable in every call and function; eager
+            # ops and TF1 session graphs too. A handle known only by its name in one graph
+            # (a loop variable) is linked within its call.
+            across = not f.op.graph or f.op.graph == TF1_GRAPH or f.op.resource.startswith("eager:")
             if any((across or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, [])):
                 return True
         return False
@@ -374,8 +377,30 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
             continue
         if f.op.op_type == "ReadVariableOp" and after_divergent_write(f):
             f.role = "propagated"
+        elif CONTAINER_OPS.match(f.op.op_type) and explained_elsewhere(f, findings):
+            # A TensorList, TensorArray or Optional hands on what was put into it: its
+            # handle (a variant) cannot be digested, so "identical inputs" only means its
+            # other inputs (an index, a shape) were; the source is what filled it.
+            f.role = "propagated"
         elif f.op.function == "instrumented" or (f.op.op_type == "VariableState" and explained):
             f.role = "propagated"
+
+
+#: Ops that take a container (a variant: TensorList, TensorArray, Optional, TensorMap) and hand
+#: on what it holds.
+CONTAINER_OPS = re.compile(r"^(TensorList|TensorArray|Optional|TensorMap)")
+
+
+def explained_elsewhere(f: OpFinding, findings: list[OpFinding]) -> bool:
+    """Whether another op, not a container op, diverged at or before ``f``'s first divergent
+    execution: something that could have put the difference into the container."""
+    return any(
+        g is not f
+        and g.role in ("source", "propagated")
+        and not CONTAINER_OPS.match(g.op.op_type)
+        and g.first_seq <= f.first_seq
+        for g in findings
+    )
 
 
 def _entry_point(findings: list[OpFinding]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,6 +76,14 @@ def check(
 
     if mode not in ("repeat", "rerun"):
         raise ValueError(f"mode must be 'repeat' or 'rerun', got {mode!r}")
+    # Arguments are checked before anything runs: a bad one must not cost a traced warm-up.
+    for name, value in (("repeats", repeats), ("rerun", rerun)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be a whole number or None, got {seed!r}")
+    if not callable(fn):
+        raise TypeError(f"check() needs the step to run (a callable), got {type(fn).__name__}")
     if mode == "repeat" and repeats < 2:
         raise ValueError(f"repeats must be at least 2 to compare runs, got {repeats}")
     if mode == "rerun" and rerun < 1:
@@ -169,7 +178,13 @@ def check(
                 report = as_compiled
     except BaseException as exc:
         keeper.restore(before)
-        if type(exc).__name__ != "UnimplementedError":
+        from nddebug import environment
+
+        # Only op determinism turns a kernel with no deterministic variant into an error;
+        # without it, an UnimplementedError is the step's own and is the user's to see.
+        if type(exc).__name__ != "UnimplementedError" or not environment.capture().get(
+            "op_determinism"
+        ):
             raise
         # No deterministic kernel for an op here (op determinism on a GPU): say which and what
         # to do instead, rather than end with TensorFlow's traceback.
@@ -207,7 +222,24 @@ def assert_deterministic(
 
 def compare(recordings: Sequence[Recording]) -> Report:
     """Compare recordings made separately (your own loop, other processes, other machines)."""
+    if isinstance(recordings, (str, bytes)) or hasattr(recordings, "__fspath__"):
+        raise TypeError(
+            f"compare() takes a list of recordings, not the path {recordings!r}: "
+            "use nddebug.compare(nddebug.load(path))"
+        )
+    if recordings is None or isinstance(recordings, Recording):
+        what = "None" if recordings is None else "a single Recording"
+        raise TypeError(
+            f"compare() takes a list of two or more recordings, not {what}: record the step "
+            "at least twice (e.g. [rec1, rec2]), or load them with nddebug.load(path)"
+        )
     recs = list(recordings)
+    wrong = [type(r).__name__ for r in recs if not isinstance(r, Recording)]
+    if wrong:
+        raise TypeError(
+            f"compare() takes Recording objects, got {', '.join(sorted(set(wrong)))}: "
+            "use the `with nddebug.trace() as rec` objects or nddebug.load(path)"
+        )
     runs = [r for r in recs if r.kind != "capture"]
     captures = [r for r in recs if r.kind == "capture"]
     if any(r.kind == "rerun" for r in runs):

@@ -111,7 +111,23 @@ def digestible(dtype: Any) -> bool:
     dtype = tf.as_dtype(dtype)
     if dtype in (tf.string, tf.resource, tf.variant):
         return False
-    return dtype == tf.bool or _bitcast_ok(dtype)
+    return dtype == tf.bool or dtype.name in NARROW or _bitcast_ok(dtype)
+
+
+#: Dtypes tf.bitcast cannot read (float8, int4, int2): digested through an exact widening cast
+#: on the pure-TF path (every value maps to a distinct wider value), from their one-byte
+#: storage on the native path and in NumPy (ml_dtypes).
+NARROW = {
+    "float8_e4m3fn": "float32",
+    "float8_e5m2": "float32",
+    "float8_e4m3fnuz": "float32",
+    "float8_e4m3b11fnuz": "float32",
+    "float8_e5m2fnuz": "float32",
+    "int4": "int8",
+    "uint4": "uint8",
+    "int2": "int8",
+    "uint2": "uint8",
+}
 
 
 @functools.cache
@@ -149,6 +165,9 @@ def byte_view(tensor: Any) -> Any:
 
     if tensor.dtype == tf.bool:
         raw = tf.cast(tensor, tf.uint8)
+    elif tensor.dtype.name in NARROW:
+        wide = tf.cast(tensor, NARROW[tensor.dtype.name])
+        raw = wide if wide.dtype == tf.uint8 else tf.bitcast(wide, tf.uint8)
     elif tensor.dtype == tf.uint8:
         raw = tensor
     else:

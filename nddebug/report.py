@@ -21,6 +21,7 @@ from nddebug.analysis import (
 )
 from nddebug.errors import NotComparableError
 from nddebug.recording import OPAQUE, Recording
+from nddebug.risks import Risk, describe_bound, known_risks, rule_out_bound
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -122,11 +123,76 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when every run computed bitwise-identical outputs for every traced op, and
-        nothing that could differ went uncompared (see :attr:`not_compared`)."""
+        """True when every run computed bitwise-identical outputs for every traced op, nothing
+        that could differ went uncompared (see :attr:`not_compared`), and no op ran that the
+        knowledge base says is non-deterministic here (see :attr:`risks`)."""
         own = not self.comparison.findings and not self.comparison.paths and not self.not_compared
-        own = own and not self.errors
+        own = own and not self.errors and not self._risks(applies=True)
         return own and (self.as_compiled is None or self.as_compiled.ok)
+
+    def _risks(self, applies: bool) -> list[Risk]:
+        if not hasattr(self, "_risk_rows"):
+            self._risk_rows = known_risks(self._compared_runs(), self.comparison.findings)
+        return [r for r in self._risk_rows if r.applies == applies]
+
+    def _compared_runs(self) -> list[Recording]:
+        return self.recordings if self.mode != "rerun" else self.recordings[:1]
+
+    @property
+    def risks(self) -> pd.DataFrame:
+        """The ops that ran and that the knowledge base lists as non-deterministic on the
+        device they ran on with the run's settings (op determinism), whether or not they
+        diverged in these runs (``observed``). Any row keeps :attr:`ok` False: a race that did
+        not show in N runs is still a race."""
+        return _risk_frame(self._risks(applies=True))
+
+    @property
+    def other_device_risks(self) -> pd.DataFrame:
+        """Ops that ran here and are culprits only on another device (a CPU run's GPU
+        culprits): information for when the step moves; they do not change the verdict."""
+        return _risk_frame(self._risks(applies=False))
+
+    @property
+    def bound(self) -> float | None:
+        """After clean runs, the smallest per-run probability of divergence they rule out at
+        95% confidence (a source showing in more of the runs would have been seen); None when
+        something differed or nothing was compared."""
+        c = self.comparison
+        if c.findings or c.paths or self.errors or c.runs < 2:
+            return None
+        return rule_out_bound(c.runs)
+
+    @property
+    def verdict_notes(self) -> list[str]:
+        """What a renderer says next to the verdict about what the runs could not show: known
+        culprits that ran without diverging, the bound of a clean result, other devices'
+        culprits."""
+        notes = []
+        c = self.comparison
+        unit = "re-executions" if self.mode == "rerun" else "runs"
+        hidden = [r for r in self._risks(applies=True) if not r.observed]
+        if hidden:
+            names = ", ".join(sorted({r.op_type for r in hidden}))
+            env = self.recordings[0].environment if self.recordings else {}
+            setting = "on" if env.get("op_determinism") else "off"
+            first = hidden[0]
+            notes.append(
+                f"no difference seen in {c.runs} {unit} for {names}, but the knowledge base "
+                f"lists {'it' if len(hidden) == 1 else 'them'} as non-deterministic on the "
+                f"{knowledge.device_kind(first.device) or 'CPU'} with op determinism "
+                f"{setting}: {first.culprit.mechanism} Fix: {first.fix}"
+            )
+        if self.bound is not None:
+            notes.append(describe_bound(c.runs, unit))
+        elsewhere = self._risks(applies=False)
+        if elsewhere:
+            devices = sorted({r.culprit.device for r in elsewhere})
+            notes.append(
+                f"on a {'/'.join(devices)} these ops would be culprits: "
+                + ", ".join(sorted({r.op_type for r in elsewhere}))
+                + " (information: they do not change this verdict)"
+            )
+        return notes
 
     @property
     def not_compared(self) -> list[str]:
@@ -141,6 +207,8 @@ class Report:
             return "NOT checked"
         if c.findings or c.paths or (self.as_compiled is not None and not self.as_compiled.ok):
             return "NOT reproducible"
+        if self._risks(applies=True):
+            return "NOT shown reproducible: a known non-deterministic op ran"
         return "reproducible" if self.ok else "no difference seen, but not everything compared"
 
     @property
@@ -187,6 +255,9 @@ class Report:
             "tensorflow": env.get("tensorflow", "?"),
             "devices": ", ".join(env.get("devices", [])),
             "op_determinism": env.get("op_determinism"),
+            "risks": sorted({r.op_type for r in self._risks(applies=True)}),
+            "bound": self.bound,
+            "notes": self.verdict_notes,
         }
 
     @property
@@ -241,6 +312,29 @@ class Report:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return {"text/plain": str(self), "text/html": self._repr_html_()}
+
+
+RISK_COLUMNS = ["op_type", "op_name", "location", "device", "observed", "confirmed", "fix"]
+
+
+def _risk_frame(rows: list[Risk]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(
+        [
+            {
+                "op_type": r.op_type,
+                "op_name": r.op_name,
+                "location": r.location,
+                "device": r.device,
+                "observed": r.observed,
+                "confirmed": r.confirmed or ("diverged in these runs" if r.observed else ""),
+                "fix": r.fix,
+            }
+            for r in rows
+        ],
+        columns=RISK_COLUMNS,
+    )
 
 
 def _evidence(c: knowledge.Culprit) -> str:

@@ -24,8 +24,15 @@ def _tf_variable(v: Any) -> Any:
 
 def collect_variables(state: Any) -> list[Any]:
     """Every tf.Variable reachable from ``state``: Keras models (weights, seed generators,
-    compiled optimizer and metrics), optimizers, tf.Modules, tf.random.Generators, variables,
-    and lists of any of these."""
+    compiled optimizer and metrics), optimizers, layers, tf.Modules, tf.random.Generators,
+    variables, tf.train.Checkpoint and other trackable objects, and lists, tuples, sets and
+    dicts of any of these.
+
+    Anything else raises TypeError before the step runs: state that check() silently could not
+    restore would make every repeat start from another value (a deterministic step reported
+    NOT reproducible, the variables advanced once per repeat)."""
+    import tensorflow as tf
+
     found: dict[int, Any] = {}
 
     def add(v: Any) -> None:
@@ -33,26 +40,61 @@ def collect_variables(state: Any) -> list[Any]:
         if tv is not None:
             found.setdefault(id(tv), tv)
 
-    def walk(obj: Any) -> None:
+    def walk(obj: Any, where: str) -> None:
         if obj is None:
             return
+        if isinstance(obj, dict):
+            for k, o in obj.items():
+                walk(o, f"{where}[{k!r}]")
+            return
         if isinstance(obj, (list, tuple, set)):
-            for o in obj:
-                walk(o)
+            for i, o in enumerate(obj):
+                walk(o, f"{where}[{i}]")
             return
         if _tf_variable(obj) is not None:
             add(obj)
             return
+        if _is_iterator(obj):
+            raise TypeError(
+                f"state{where} is a tf.data iterator ({type(obj).__name__}): check() cannot "
+                "rewind it between repeats, so each repeat would get other batches. Take the "
+                "batch first (x, y = next(iterator)) and pass it to the step as arguments."
+            )
+        accepted = False
         for attr in ("variables", "metrics_variables"):
-            for v in getattr(obj, attr, None) or []:
+            values = getattr(obj, attr, None)
+            if values is None or isinstance(values, (str, bytes)):
+                continue
+            accepted = True
+            for v in values() if callable(values) else values:
                 add(v)
-        walk(getattr(obj, "optimizer", None) if _is_keras_model(obj) else None)
+        if _is_keras_model(obj):
+            walk(getattr(obj, "optimizer", None), f"{where}.optimizer")
         state_var = getattr(obj, "state", None)  # tf.random.Generator, keras SeedGenerator
         if state_var is not None and _tf_variable(state_var) is not None:
+            accepted = True
             add(state_var)
+        if isinstance(obj, tf.__internal__.tracking.Trackable):
+            accepted = True  # a tf.train.Checkpoint and what it tracks
+            for child in tf.train.TrackableView(obj).descendants():
+                add(child)
+        if not accepted:
+            raise TypeError(
+                f"state{where} is a {type(obj).__name__}, which holds no TensorFlow variables "
+                "that check() could restore between repeats. Pass the model, optimizer, "
+                "variables, a tf.train.Checkpoint, or a list/tuple/dict of them."
+            )
 
-    walk(state)
+    walk(state, "")
     return list(found.values())
+
+
+def _is_iterator(obj: Any) -> bool:
+    try:
+        from tensorflow.python.data.ops import iterator_ops
+    except ImportError:  # pragma: no cover - layout of other TF versions
+        return False
+    return isinstance(obj, (iterator_ops.OwnedIterator, iterator_ops.IteratorBase))
 
 
 def _is_keras_model(obj: Any) -> bool:
@@ -60,6 +102,8 @@ def _is_keras_model(obj: Any) -> bool:
 
 
 def keras_models(state: Any) -> list[Any]:
+    if isinstance(state, dict):
+        return keras_models(list(state.values()))
     if isinstance(state, (list, tuple, set)):
         return [m for s in state for m in keras_models(s)]
     return [state] if _is_keras_model(state) else []

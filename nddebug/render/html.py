@@ -89,6 +89,8 @@ def _render(report: Report) -> str:
             f'<p class="note">error: {html.escape(e.message)}</p>'
             f"<p>instead: {html.escape(e.fix)}</p>"
         )
+    for note in report.verdict_notes:  # what the runs could not show
+        parts.append(f'<p class="note">{html.escape(note)}</p>')
     for w in report.warnings:  # what was not covered belongs next to the verdict
         parts.append(f'<p class="note">warning: {html.escape(w)}</p>')
     for p in report.comparison.paths:

@@ -79,6 +79,8 @@ def _render(report: Report) -> str:
         lines.append("  The step could not run to the end: nothing was compared.")
     elif report.ok:
         lines.append("  Every traced op produced bitwise-identical outputs in every run.")
+    elif not report.comparison.findings and not report.comparison.paths:
+        lines.append("  No traced op differed between the runs.")
     else:
         lines.append(
             f"  {s['sources']} source op(s), {s['propagated']} propagated, "
@@ -87,7 +89,9 @@ def _render(report: Report) -> str:
     for e in report.errors:
         lines += [f"  raises: {e.summary}.", *_wrap("  error: ", e.message)]
         lines += _wrap("  instead: ", e.fix)
-    # Warnings say what was not covered: they belong next to the verdict, not under the table.
+    # What the runs could not show, and what was not covered, belong next to the verdict.
+    for note in report.verdict_notes:
+        lines += _wrap("note: ", note)
     lines += [f"  warning: {w}" for w in report.warnings]
     for p in report.comparison.paths:
         lines.append(

@@ -94,6 +94,38 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     return d
 
 
+def variable_identity(graph: Any, handle: Any) -> str:
+    """Which variable a graph op reads or writes, the same for every graph and call that uses
+    it: ``eager:<id>`` of the variable's handle (as eager ops name it) when the handle is a
+    capture, followed out through the functions around this one; else, for a handle made in
+    the graph or passed in as a loop variable, ``<graph key>:<tensor name>``. One identity
+    lets a read in call k be linked to a divergent write of the same variable in call j < k
+    of the same block, or of another function."""
+    g, t = graph, handle
+    for _ in range(64):  # nesting depth; a cycle cannot happen, a bound costs nothing
+        outer = _captured_from(g, t)
+        if outer is None:
+            break
+        if getattr(outer, "_id", None) is not None and not hasattr(outer, "graph"):
+            return f"eager:{outer._id}"
+        if not hasattr(outer, "graph"):
+            break
+        t, g = outer, outer.graph
+    return f"{graph_key(graph)}:{handle.name}"
+
+
+def _captured_from(graph: Any, tensor: Any) -> Any:
+    """The outer tensor (eager, or of the enclosing graph) that ``tensor`` captures, if any."""
+    try:
+        pairs = graph.captures
+    except Exception:  # noqa: BLE001 - a graph without captures (TF1)
+        return None
+    for external, internal in pairs:
+        if internal is tensor:
+            return external
+    return None
+
+
 def _digestible(tensor: Any) -> bool:
     # A reference (TF1 variable) is read when the digest runs, not when its consumer did.
     return dg.digestible(tensor.dtype) and not tensor.dtype._is_ref_dtype
@@ -330,7 +362,7 @@ def instrument_op(
         note=note,
         rerun=blocker,
         resource=(
-            f"{graph_key(graph)}:{inputs[0].name}"
+            variable_identity(graph, inputs[0])
             if inputs and ops.reads_or_writes_variable(op_type)
             else ""
         ),

@@ -1,0 +1,111 @@
+"""Two passes that judge what a comparison did not see: known culprits that ran (risks) and
+how rare a divergence the runs could have missed (bound).
+
+Pure functions over recordings and findings; no TensorFlow. A race that did not show in N
+runs is still a race: a report is never "reproducible" over an op that the knowledge base
+says is non-deterministic on the device it ran on, with the run's settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from nddebug import knowledge
+from nddebug.recording import Recording
+
+#: Kinds of knowledge-base entries whose op is non-deterministic by its kernel alone. Random
+#: ops are not here: seeded, they repeat; unseeded, every repeat shows it.
+KERNEL_KINDS = ("numerical", "collective")
+#: What op determinism does to an entry that still leaves it a risk when it is on.
+STILL_RISKY_UNDER_DETERMINISM = ("unaffected", "n/a")
+
+
+@dataclass
+class Risk:
+    """An op that ran and that the knowledge base lists as non-deterministic."""
+
+    op_type: str
+    op_name: str
+    key: str
+    location: str
+    device: str
+    observed: bool  # diverged in these runs
+    applies: bool  # on the device it ran on, with the run's settings (else: on another device)
+    culprit: knowledge.Culprit
+    confirmed: str = ""  # what re-executing it alone showed, when that was done
+
+    @property
+    def fix(self) -> str:
+        return self.culprit.fix
+
+
+def _device(op: Any, env: dict[str, Any]) -> str:
+    return env.get("emulated_device") or op.device or ",".join(env.get("devices", []))
+
+
+def known_risks(recordings: list[Recording], findings: list[Any]) -> list[Risk]:
+    """Every op of the runs that the knowledge base lists as non-deterministic on the device it
+    ran on with the run's settings (``applies``), and those listed only for another device
+    (information: a CPU run's GPU culprits), one row per op, in recording order."""
+    if not recordings:
+        return []
+    env = recordings[0].environment or {}
+    determinism = bool(env.get("op_determinism"))
+    diverged = {f.key for f in findings if f.role in ("source", "propagated")}
+    seen: dict[str, Risk] = {}
+    for rec in recordings[:1]:
+        executed = {ev.op_id for ev in rec.events}
+        for op_id in sorted(executed):
+            op = rec.ops.get(op_id)
+            if op is None or op.key in seen:
+                continue
+            device = _device(op, env)
+            culprit = knowledge.lookup(op.op_type, device)
+            if culprit is None or culprit.kind not in KERNEL_KINDS:
+                continue
+            here = knowledge.device_kind(device) or "CPU"
+            on_device = culprit.device in (here, "any")
+            if determinism and culprit.under_determinism not in STILL_RISKY_UNDER_DETERMINISM:
+                if on_device:
+                    continue  # fixed (or made to raise) by op determinism on this device
+            seen[op.key] = Risk(
+                op_type=op.op_type,
+                op_name=op.op_name,
+                key=op.key,
+                location=op.location,
+                device=device,
+                observed=op.key in diverged,
+                applies=on_device,
+                culprit=culprit,
+            )
+    return list(seen.values())
+
+
+def rule_out_bound(runs: int, confidence: float = 0.95) -> float | None:
+    """The smallest per-run probability of a divergence that ``runs`` clean runs rule out at
+    ``confidence``: a source that shows in a fraction p of runs stays hidden in all of them
+    with probability (1 - p) ** runs. None with fewer than two runs (nothing compared)."""
+    if runs < 2:
+        return None
+    return 1.0 - (1.0 - confidence) ** (1.0 / runs)
+
+
+def runs_for(bound: float, confidence: float = 0.95) -> int:
+    """How many clean runs rule out a divergence showing in more than ``bound`` of runs."""
+    return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - bound))
+
+
+def describe_bound(runs: int, unit: str = "runs") -> str:
+    """The bound in words, with the repeats that would bring it to 10%."""
+    p = rule_out_bound(runs)
+    if p is None:
+        return ""
+    text = (
+        f"a source that shows in more than {p:.0%} of {unit} would have been seen in these "
+        f"{runs} (95% confidence)"
+    )
+    if p > 0.1:
+        text += f"; {runs_for(0.1)} {unit} bring that to 10%"
+    return text

@@ -1,0 +1,248 @@
+"""The verdict can be trusted: never "reproducible" over a known culprit that ran or over what
+was not compared, and no false source in a training loop or through a container."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug.examples import detection
+from nddebug.recording import Event, OpInfo, Recording
+from nddebug.risks import describe_bound, known_risks, rule_out_bound, runs_for
+
+
+# ----------------------------------------------------------------- the passes, alone
+def _recording(op_type: str, device: str, determinism: bool) -> Recording:
+    rec = Recording(label="synthetic", digest_algorithm="x", kind="run")
+    rec.environment = {"op_determinism": determinism, "devices": [device]}
+    rec.ops[0] = OpInfo(
+        op_id=0,
+        key=f"f/{op_type}",
+        op_type=op_type,
+        op_name=op_type,
+        graph="f",
+        device=device,
+        location="train.py:1 (step)",
+        dtypes=["float32"],
+        shapes=[[4]],
+        digestible=[True],
+    )
+    rec.events.append(Event(0, 0, 0, [(1, 2)], []))
+    return rec
+
+
+def test_risk_pass_follows_device_and_op_determinism() -> None:
+    cpu = "/device:CPU:0"
+    risky = known_risks([_recording("CropAndResizeGradImage", cpu, False)], [])
+    assert [(r.op_type, r.applies, r.observed) for r in risky] == [
+        ("CropAndResizeGradImage", True, False)
+    ]
+    assert "enable_op_determinism" in risky[0].fix
+    # Op determinism gives the CPU kernel a deterministic variant: no risk.
+    assert known_risks([_recording("CropAndResizeGradImage", cpu, True)], []) == []
+    # DenseBincount's CPU kernel is not fixed by op determinism: still a risk.
+    assert known_risks([_recording("DenseBincount", cpu, True)], [])[0].applies
+    # A GPU-only culprit on a CPU is information, not a risk of this run.
+    (info,) = known_risks([_recording("BiasAddGrad", cpu, False)], [])
+    assert not info.applies
+    assert known_risks([_recording("MatMul", cpu, False)], []) == []
+
+
+def test_bound_pass() -> None:
+    assert rule_out_bound(1) is None
+    assert rule_out_bound(6) == pytest.approx(0.393, abs=1e-3)
+    assert rule_out_bound(30) == pytest.approx(0.095, abs=1e-3)
+    assert runs_for(0.1) == 29 and rule_out_bound(runs_for(0.1)) <= 0.1
+    assert "39%" in describe_bound(6) and "29 runs" in describe_bound(6)
+
+
+# ----------------------------------------------------------------- risk-aware verdict
+def test_known_culprit_that_did_not_diverge_is_not_ok() -> None:
+    """Eight boxes fall into one shard of the CPU crop gradient: the race cannot show, but the
+    op is a known CPU race with op determinism off, so the step is not called reproducible."""
+    step, args, state = detection.make_step(boxes=8)
+    report = nddebug.check(step, *args, state=state, repeats=3)
+    assert not report.ok
+    risks = report.risks
+    assert list(risks["op_type"]) == ["CropAndResizeGradImage"]
+    if not risks["observed"].any():  # (measured: 1 distinct output in 20 runs at <= 32 boxes)
+        assert report.verdict.startswith("NOT shown reproducible")
+    text = str(report)
+    assert "CropAndResizeGradImage" in text and "enable_op_determinism" in text
+    assert report.summary["risks"] == ["CropAndResizeGradImage"]
+    assert "CropAndResizeGradImage" in report._repr_html_()
+    with pytest.raises(AssertionError):
+        nddebug.assert_deterministic(step, *args, state=state, repeats=2)
+
+
+def test_deterministic_step_is_ok_and_says_what_it_rules_out() -> None:
+    v = tf.Variable(tf.linspace(0.0, 1.0, 64))
+
+    @tf.function
+    def step(x):
+        v.assign_add(tf.tanh(x * v))
+        return tf.reduce_sum(v)
+
+    report = nddebug.check(step, tf.ones([64]), state=[v], repeats=6)
+    assert report.ok and report.verdict == "reproducible", str(report)
+    assert report.bound == pytest.approx(0.393, abs=1e-3)
+    assert "39%" in str(report) and report.summary["bound"] == report.bound
+    assert report.risks.empty
+
+
+# ----------------------------------------------------------------- everything compared
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "int4", "uint4"])
+def test_narrow_dtypes_are_compared(dtype: str) -> None:
+    dt = tf.as_dtype(dtype)
+    x = tf.constant([1.0, 2.0, 3.0, 4.0]) if dt.is_floating else tf.constant([1, 2, 3, 4])
+
+    @tf.function
+    def step(x, k):
+        return tf.cast(x * k, dt)
+
+    recs = []
+    for k in (1, 1, 2):
+        with nddebug.trace() as rec:
+            step(x, tf.constant(k, x.dtype))
+        recs.append(rec)
+    cast = [op for op in recs[0].ops.values() if op.op_type == "Cast"]
+    assert cast and all(op.digestible == [True] for op in cast)
+    assert nddebug.compare(recs[:2]).ok
+    differing = nddebug.compare([recs[0], recs[2]])
+    assert not differing.ok
+    assert "Cast" in set(differing.culprits["op_type"])
+
+
+# ----------------------------------------------------------------- causality
+def test_training_loop_names_only_the_random_op() -> None:
+    """25 calls of a step with an unseeded random op: every later call reads variables the
+    earlier calls wrote differently. Those reads only propagate: the random op alone is a
+    source."""
+    w = tf.Variable(tf.ones([16, 16]))
+    b = tf.Variable(tf.zeros([16]))
+
+    @tf.function
+    def step(x):
+        noise = tf.random.uniform([16])  # unseeded: differs between the two runs
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w) + b + noise))
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(0.01 * gw)
+        b.assign_sub(0.01 * gb)
+        return loss
+
+    x = tf.random.stateless_normal([8, 16], seed=[1, 2])
+    recs = []
+    for _ in range(2):
+        w.assign(tf.ones([16, 16]))
+        b.assign(tf.zeros([16]))
+        with nddebug.trace() as rec:
+            for _ in range(25):
+                step(x)
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert not report.ok
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+    reads = report.culprits[report.culprits["op_type"] == "ReadVariableOp"]
+    assert len(reads) and set(reads["role"]) == {"propagated"}
+
+
+def test_tensor_array_carries_but_is_not_a_source() -> None:
+    @tf.function
+    def step(x):
+        r = tf.random.uniform([4, 3])  # unseeded
+        ta = tf.TensorArray(tf.float32, size=4)
+        for i in tf.range(4):
+            ta = ta.write(i, r[i] * x)
+        stacked = ta.stack()
+        return tf.map_fn(lambda row: row * 2.0, stacked)
+
+    recs = []
+    for _ in range(2):
+        with nddebug.trace() as rec:
+            step(tf.ones([3]))
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+    containers = report.culprits[report.culprits["op_type"].str.startswith("TensorList")]
+    assert len(containers) and set(containers["role"]) == {"propagated"}
+
+
+# ----------------------------------------------------------------- what the user passes
+def _variable_step() -> tuple[object, tf.Variable, tf.Variable]:
+    v = tf.Variable(tf.ones([4]))
+    w = tf.Variable(2.0)
+
+    @tf.function
+    def step(x):
+        v.assign_add(x * w)
+        return v.read_value()
+
+    return step, v, w
+
+
+@pytest.mark.parametrize("kind", ["dict", "checkpoint", "tuple"])
+def test_state_containers_are_restored(kind: str) -> None:
+    step, v, w = _variable_step()
+    state = {"dict": {"v": v, "w": w}, "checkpoint": tf.train.Checkpoint(v=v, w=w), "tuple": (v,)}
+    report = nddebug.check(step, tf.ones([4]), state=state[kind], repeats=3)
+    assert report.ok, str(report)
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 3.0, np.float32))  # one step's worth
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (np.ones(3), "ndarray"),
+        ("model", "str"),
+        ({"a": np.ones(2)}, "state['a']"),
+    ],
+)
+def test_state_that_cannot_be_restored_is_refused(bad: object, named: str) -> None:
+    step, v, _ = _variable_step()
+    with pytest.raises(TypeError, match="holds no TensorFlow variables") as err:
+        nddebug.check(step, tf.ones([4]), state=bad, repeats=3)
+    assert named in str(err.value)
+    np.testing.assert_array_equal(v.numpy(), np.ones(4, np.float32))  # nothing ran
+
+
+def test_iterator_state_is_refused_with_what_to_do() -> None:
+    step, _, _ = _variable_step()
+    it = iter(tf.data.Dataset.range(3))
+    with pytest.raises(TypeError, match="next\\(iterator\\)"):
+        nddebug.check(step, tf.ones([4]), state=it, repeats=3)
+
+
+def test_bad_arguments_fail_before_anything_runs() -> None:
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+
+    with pytest.raises(TypeError, match="repeats must be a whole number"):
+        nddebug.check(step, repeats=2.5)
+    assert not calls
+    with pytest.raises(TypeError, match=r"nddebug.load\(path\)"):
+        nddebug.compare("runs.nddebug")
+    with pytest.raises(TypeError, match="single Recording"):
+        nddebug.compare(Recording(label="x", digest_algorithm="x"))
+    with pytest.raises(TypeError, match="None"):
+        nddebug.compare(None)  # type: ignore[arg-type]
+
+
+def test_users_own_unimplemented_error_is_raised_without_op_determinism() -> None:
+    def step() -> None:
+        raise tf.errors.UnimplementedError(None, None, "the user's own")
+
+    with pytest.raises(tf.errors.UnimplementedError, match="the user's own"):
+        nddebug.check(step, repeats=2)
+
+
+def test_recording_fields_are_plain_data() -> None:
+    """The risk pass reads only plain recording data (no TensorFlow objects)."""
+    rec = _recording("DenseBincount", "/device:CPU:0", False)
+    assert dataclasses.asdict(rec.ops[0])["op_type"] == "DenseBincount"
