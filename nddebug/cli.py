@@ -1,7 +1,7 @@
 """The `nddebug` command: run a script in fresh processes, re-render, diff, look up culprits.
 
-Exit codes a CI job can use: 0 reproducible, 1 culprits found, 2 usage or input error
-(`census`: 0 measured, 2 usage error, 130 interrupted).
+Exit codes a CI job can use: 0 reproducible, 1 culprits found, 2 usage or input error,
+130 interrupted (Ctrl-C) (`census`: 0 measured, 2 usage error, 130 interrupted).
 Every command is a thin layer over recordings, analysis and renderers.
 """
 
@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from typing import Any
 from nddebug.errors import NddebugError
 
 OK, FOUND, ERROR = 0, 1, 2
+INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 class UsageError(NddebugError):
@@ -30,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nddebug",
         description="Find the TensorFlow op that makes training non-reproducible.",
-        epilog="Exit codes: 0 reproducible, 1 culprits found, 2 usage or input error.",
+        epilog="Exit codes: 0 reproducible, 1 culprits found, 2 usage or input error, "
+        "130 interrupted.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -87,7 +90,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="stop a run whose processes have not all finished after this long",
     )
-    run.add_argument("-o", "--output", help="also save every run's recording to this file")
+    run.add_argument(
+        "-o",
+        "--output",
+        help="also save every run's recordings to this file, each run as soon as it ends",
+    )
+    run.add_argument(
+        "--show-output",
+        action="store_true",
+        help="show the runs' standard output and error (on standard error) as they come; "
+        "otherwise only the last lines of a failed run's standard error are shown",
+    )
     run.add_argument("--format", choices=["text", "html", "csv", "json"], default="text")
     run.add_argument("script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -155,6 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"nddebug: error: {exc}", file=sys.stderr)
         return ERROR
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("nddebug: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -186,19 +204,53 @@ def render(report: Any, fmt: str) -> str:
     return str(report)
 
 
-def _load_report(path: str) -> Any:
-    from nddebug.check import compare, load
-
-    recordings = load(path)
-    if not recordings:
-        raise UsageError(f"{path}: the file holds no runs")
-    return compare(recordings)
+def _as_runs(recordings: Sequence[Any]) -> list[list[list[Any]]] | None:
+    """The recordings of a file written by `nddebug run -o` as ``per_run[i][k][b]`` (run,
+    worker, block), read from their labels (see _run_label); None for other files. A file
+    that `run` appended to more than once holds each session's runs one after the other."""
+    where: dict[tuple[int, int, int], Any] = {}
+    offset, top = 0, -1
+    for rec in recordings:
+        m = _RUN_LABEL.fullmatch(rec.label)
+        if m is None or rec.kind == "capture":
+            return None
+        i, k, b = int(m[1]), int(m[2] or 0), int(m[3] or 1) - 1
+        if (offset + i, k, b) in where:  # the same process again: the next session's
+            offset = top + 1
+        top = max(top, offset + i)
+        where[(offset + i, k, b)] = rec
+    per_run: list[list[list[Any]]] = []
+    for i in sorted({i for i, _, _ in where}):
+        workers = 1 + max(k for j, k, _ in where if j == i)
+        run = []
+        for k in range(workers):
+            blocks = sorted(b for j, kk, b in where if (j, kk) == (i, k))
+            if blocks != list(range(len(blocks))):
+                return None  # a gap: not as `run` writes them
+            run.append([where[(i, k, b)] for b in blocks])
+        per_run.append(run)
+    return per_run
 
 
 def _report(args: argparse.Namespace) -> int:
-    report = _load_report(args.file)
-    _emit(render(report, args.format), args.output)
-    return OK if report.ok else FOUND
+    from nddebug.check import compare, load
+
+    recordings = load(args.file)
+    if not recordings:
+        raise UsageError(f"{args.file}: the file holds no runs")
+    per_run = _as_runs(recordings)
+    if per_run is not None and max(len(blocks) for run in per_run for blocks in run) == 1:
+        if max(len(run) for run in per_run) == 1:
+            per_run = None  # one block, one worker: every recording is one run of it
+    if per_run is None:
+        report = compare(recordings)
+        _emit(render(report, args.format), args.output)
+        return OK if report.ok else FOUND
+    # Several blocks or workers, as `nddebug run -o` saves them: compared as `run` did.
+    pieces: list[str] = []
+    status = _compare_blocks(per_run, args.format, pieces.append)
+    _emit("\n".join(pieces).lstrip("\n"), args.output)
+    return status
 
 
 def _hashseed(option: str, run: int) -> str | None:
@@ -211,8 +263,35 @@ def _hashseed(option: str, run: int) -> str | None:
     return option
 
 
+def _check_output(output: str | None) -> None:
+    """Fail before any run if ``-o``'s folder is missing or cannot be written."""
+    if not output:
+        return
+    path = os.path.abspath(output)
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise UsageError(f"-o {output}: {path} is a folder; give the recording file's name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"-o {output}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (
+        os.path.exists(path) and not os.access(path, os.W_OK)
+    ):
+        raise UsageError(f"-o {output}: cannot write in the folder {folder}")
+    from nddebug import storage
+
+    appendable = getattr(storage, "check_appendable", None)  # (newer storage modules)
+    if appendable is not None:
+        try:
+            appendable(output)
+        except NddebugError as exc:
+            raise UsageError(f"-o {exc}") from None
+    elif os.path.isfile(path) and os.path.getsize(path):
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise UsageError(f"-o {output}: exists and is not a recording")
+
+
 def _run(args: argparse.Namespace) -> int:
-    from nddebug.check import compare
     from nddebug.storage import save
     from nddebug.tracer import EMULATE_ENV
 
@@ -231,114 +310,268 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise UsageError(f"--env takes NAME=VALUE, not {item!r}")
         extra[name] = value
+    _check_output(args.output)
     # per_run[i][k]: the trace blocks of run i, worker k (one worker without --workers).
     per_run: list[list[list[Any]]] = []
+    i = 0
     with tempfile.TemporaryDirectory(prefix="nddebug-run-") as tmp:
-        for i in range(args.runs):
-            env = {**os.environ, **extra}
-            seed = _hashseed(args.hashseed, i)
-            if seed is not None:
-                env["PYTHONHASHSEED"] = seed
-            if args.deterministic:
-                env["TF_DETERMINISTIC_OPS"] = "1"
-            if args.all:
-                env["NDDEBUG_TRACE_ALL"] = "1"
-            if args.emulate_gpu:
-                env[EMULATE_ENV] = "1"
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            what = f" with {workers} workers" if workers > 1 else ""
+        try:
+            for i in range(args.runs):
+                env = {**os.environ, **extra}
+                seed = _hashseed(args.hashseed, i)
+                if seed is not None:
+                    env["PYTHONHASHSEED"] = seed
+                if args.deterministic:
+                    env["TF_DETERMINISTIC_OPS"] = "1"
+                if args.all:
+                    env["NDDEBUG_TRACE_ALL"] = "1"
+                if args.emulate_gpu:
+                    env[EMULATE_ENV] = "1"
+                if args.show_output:
+                    env.setdefault("PYTHONUNBUFFERED", "1")  # its output as it comes
+                env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+                per_run.append(_one_run(args, env, i, tmp))
+                if args.output:
+                    # Saved as each run ends: a later run's failure or Ctrl-C loses none.
+                    try:
+                        save([rec for blocks in per_run[-1] for rec in blocks], args.output)
+                    except (NddebugError, OSError) as exc:
+                        raise UsageError(f"could not save run {i + 1}: {exc}") from None
+        except UsageError as exc:
+            kept = _keep_partial(per_run, tmp, i, args, "before it")
+            raise UsageError(f"{exc}\n{kept}" if kept else str(exc)) from None
+        except KeyboardInterrupt:
+            kept = _keep_partial(per_run, tmp, i, args, "so far")
             print(
-                f"nddebug: run {i + 1}/{args.runs}{what}: {args.script}",
+                f"nddebug: interrupted in run {i + 1}/{args.runs}, its processes stopped: "
+                + (kept[:1].lower() + kept[1:] if kept else "nothing was recorded, none saved."),
                 file=sys.stderr,
                 flush=True,
             )
-            try:
-                per_run.append(_one_run(args, env, i, tmp))
-            except UsageError as exc:
-                kept = _keep_partial(per_run, tmp, i, args.output)
-                raise UsageError(f"{exc}{kept}") from None
-        counts = {len(blocks) for run in per_run for blocks in run}
-        if len(counts) != 1:
-            raise UsageError(
-                f"the runs recorded different numbers of trace blocks ({sorted(counts)}): "
-                "the script's path through its trace blocks differs between runs"
-            )
-        if args.output:
-            save([rec for run in per_run for blocks in run for rec in blocks], args.output)
+            return INTERRUPTED
+    counts = {len(blocks) for run in per_run for blocks in run}
+    if len(counts) != 1:
+        saved = f" (the runs are saved in {args.output})" if args.output else ""
+        raise UsageError(
+            f"the runs recorded different numbers of trace blocks ({sorted(counts)}): "
+            f"the script's path through its trace blocks differs between runs{saved}"
+        )
+
+    def verify(report: Any) -> None:
+        env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
+        table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
+        print("\nFixes, verified in fresh runs:")
+        print(table.to_string(index=False))
+
+    return _compare_blocks(
+        per_run, args.format, print, mode="processes", verify=verify if args.verify else None
+    )
+
+
+def _compare_blocks(
+    per_run: list[list[list[Any]]],
+    fmt: str,
+    out: Any,
+    mode: str | None = None,
+    verify: Any = None,
+) -> int:
+    """Compare the runs block by block (and worker by worker); ``out`` gets each piece of
+    text. ``per_run[i][k][b]``: block b of worker k in run i (a run may lack trailing blocks,
+    or a worker, when it was stopped). The exit code: the worst of the comparisons."""
+    from nddebug.check import compare
+
+    workers = max((len(run) for run in per_run), default=0)
+    blocks = max((len(w) for run in per_run for w in run), default=0)
     status = OK
-    blocks = counts.pop()
     for b in range(blocks):
         if blocks > 1:
-            print(f"\n=== trace block {b + 1} of {blocks} ===")
+            out(f"\n=== trace block {b + 1} of {blocks} ===")
         for k in range(workers):
+            recs = [run[k][b] for run in per_run if k < len(run) and b < len(run[k])]
             if workers > 1:
-                print(f"\n=== worker {k}: its {args.runs} runs compared ===")
-            if args.runs < 2:
-                print("(one run: nothing to compare across runs)")
+                out(f"\n=== worker {k}: its {len(recs)} runs compared ===")
+            if len(recs) < 2:
+                out("(one run: nothing to compare across runs)")
                 continue
-            report = compare([run[k][b] for run in per_run])
-            report.mode = "processes"
-            print(render(report, args.format))
+            report = compare(recs)
+            if mode is not None:
+                report.mode = mode
+            out(render(report, fmt))
             status = max(status, OK if report.ok else FOUND)
-            if args.verify and not report.ok and workers == 1:
-                env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
-                table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
-                print("\nFixes, verified in fresh runs:")
-                print(table.to_string(index=False))
+            if verify is not None and not report.ok and workers == 1:
+                verify(report)
         if workers > 1:
-            status = max(status, _workers_agree(per_run, b))
+            status = max(status, _workers_agree(per_run, b, workers, out))
     return status
 
 
 def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) -> list[list[Any]]:
-    """Run the script once (as ``--workers`` processes of one job); each worker's blocks."""
-    from nddebug.storage import load
+    """Run the script once (as ``--workers`` processes of one job); each worker's blocks.
+
+    Prints the run's progress line. Each process writes its standard output and error to
+    files in ``tmp`` (a pipe that nobody reads would stop a chatty script for good); with
+    ``--show-output`` they are also copied to standard error as they come."""
+    import time
+
     from nddebug.tracer import LABEL_ENV, RECORD_ENV
 
     n = args.workers
-    cluster = [f"localhost:{port}" for port in _free_ports(n)]
-    procs, paths = [], []
-    for k in range(n):
-        path = os.path.join(tmp, f"run{i}-worker{k}.nddebug")
-        label = f"process {i}" + (f" worker {k}" if n > 1 else "")
-        wenv = {**env, RECORD_ENV: path, LABEL_ENV: label}
-        if n > 1:
-            task = {"type": "worker", "index": k}
-            wenv["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": task})
-        cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
-        paths.append(path)
-    who = (lambda k: f"run {i + 1}, worker {k}") if n > 1 else (lambda k: f"run {i + 1}")
+    what = f" with {n} workers" if n > 1 else ""
+    head = f"nddebug: run {i + 1}/{args.runs}{what}: {args.script}"
+    # One line per run, its second half when the run ends; with --show-output the runs' own
+    # lines come in between, so the run's outcome repeats the head.
+    if args.show_output:
+        print(head, file=sys.stderr, flush=True)
+    else:
+        print(f"{head} … ", end="", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    cluster = [f"localhost:{port}" for port in _free_ports(n)] if n > 1 else []
+    procs: list[subprocess.Popen] = []
+    paths, errs, tails = [], [], []
+    outcome = "failed"
     try:
-        _wait_all(procs, args.timeout, who)
+        try:
+            for k in range(n):
+                base = os.path.join(tmp, f"run{i}-worker{k}")
+                label = _run_label(i, k if n > 1 else None)
+                wenv = {**env, RECORD_ENV: f"{base}.nddebug", LABEL_ENV: label}
+                if n > 1:
+                    task = {"type": "worker", "index": k}
+                    wenv["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": task})
+                cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]
+                with open(f"{base}.stdout", "wb") as so, open(f"{base}.stderr", "wb") as se:
+                    procs.append(subprocess.Popen(cmd, env=wenv, stdout=so, stderr=se))
+                paths.append(f"{base}.nddebug")
+                errs.append(f"{base}.stderr")
+                if args.show_output:
+                    tails += [_Tail(f"{base}.stdout"), _Tail(f"{base}.stderr")]
+            who = (lambda k: f"run {i + 1}, worker {k}") if n > 1 else (lambda k: f"run {i + 1}")
+            _wait_all(procs, args.timeout, who, errs, tails)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            for tail in tails:
+                tail.pump(final=True)
+        out = []
+        for k, path in enumerate(paths):
+            if not os.path.exists(path):
+                raise UsageError(
+                    f"{args.script} ran no nddebug.trace() block"
+                    f"{' in worker ' + str(k) if n > 1 else ''}: wrap the training step in "
+                    "`with nddebug.trace():`, or pass --all to trace the whole script"
+                )
+            out.append(_load_run_file(path, i, k if n > 1 else None))
+        outcome = "done"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
-    out = []
-    for k, path in enumerate(paths):
-        if not os.path.exists(path):
-            raise UsageError(
-                f"{args.script} ran no nddebug.trace() block"
-                f"{' in worker ' + str(k) if n > 1 else ''}: wrap the training step in "
-                "`with nddebug.trace():`, or pass --all to trace the whole script"
-            )
-        out.append(load(path))
+        if outcome != "done":
+            print(f"{head}: {outcome}" if args.show_output else outcome, file=sys.stderr)
+    counts = sorted({len(blocks) for blocks in out})
+    if n == 1:
+        blocks = f"{counts[0]} block(s)"
+    else:
+        blocks = "/".join(str(len(w)) for w in out) if len(counts) > 1 else str(counts[0])
+        blocks += " block(s) per worker"
+    events = sum(len(rec) for w in out for rec in w)
+    done = f"done in {time.monotonic() - start:.1f} s, {blocks}, {events} op executions"
+    print(f"{head}: {done}" if args.show_output else done, file=sys.stderr, flush=True)
     return out
 
 
-def _wait_all(procs: list[Any], timeout: float | None, who: Any) -> None:
-    """Wait for every process; the first that fails, or the timeout, stops them all."""
+def _run_label(i: int, k: int | None, b: int | None = None, own: str = "") -> str:
+    """How `nddebug run` labels a recording: ``process 1``, ``process 1 worker 0``,
+    ``process 1 block 2`` (only for scripts with several blocks), then ``: <label>`` for a
+    block that has its own label. `nddebug report` groups a file's recordings by them."""
+    worker = "" if k is None else f" worker {k}"
+    block = "" if b is None else f" block {b + 1}"
+    return f"process {i}{worker}{block}" + (f": {own}" if own else "")
+
+
+_RUN_LABEL = re.compile(r"process (\d+)(?: worker (\d+))?(?: block (\d+))?(?:: .*)?", re.S)
+
+
+def _load_run_file(path: str, i: int, k: int | None) -> list[Any]:
+    """One process's recordings, labelled with their block (see _run_label)."""
+    from nddebug.storage import load
+
+    recs = load(path)
+    default = _run_label(i, k)
+    for b, rec in enumerate(recs):
+        own = "" if rec.label == default else rec.label
+        rec.label = _run_label(i, k, b if len(recs) > 1 else None, own)
+    return recs
+
+
+class _Tail:
+    """Copies what a run writes to its output file onto this process's standard error, whole
+    lines at a time (a run's standard output and error are copied in turns)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset, self.pending = path, 0, b""
+
+    def pump(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        data = self.pending + data
+        cut = len(data)
+        if not final:
+            cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+            if cut == 0 and len(data) >= 65536:
+                cut = len(data)  # a line without an end is shown once it is long
+        data, self.pending = data[:cut], data[cut:]
+        if not data:
+            return
+        sys.stderr.flush()
+        buffer = getattr(sys.stderr, "buffer", None)
+        if buffer is not None:
+            buffer.write(data)
+            buffer.flush()
+        else:
+            sys.stderr.write(data.decode("utf-8", "replace"))
+            sys.stderr.flush()
+
+
+def _last_lines(path: str, n: int = 15) -> str:
+    """The last n lines of a run's standard error (read from its end: it may be huge)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line[:1000] for line in text.strip().splitlines()[-n:]]
+    return "\n".join(lines)
+
+
+def _wait_all(
+    procs: list[Any],
+    timeout: float | None,
+    who: Any,
+    errs: list[str],
+    tails: Sequence[_Tail] = (),
+) -> None:
+    """Wait for every process; the first that fails, or the timeout, stops them all.
+
+    A process killed by SIGINT (Ctrl-C reaches the whole process group) is an interruption."""
+    import signal
     import time
 
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = set(range(len(procs)))
     while pending:
+        for tail in tails:
+            tail.pump()
         for k in sorted(pending):
             code = procs[k].poll()
             if code is None:
@@ -348,10 +581,12 @@ def _wait_all(procs: list[Any], timeout: float | None, who: Any) -> None:
                 for p in procs:
                     if p.poll() is None:
                         p.kill()
-                _, err = procs[k].communicate()
-                tail = "\n".join((err or "").strip().splitlines()[-15:])
+                if code == -signal.SIGINT:
+                    raise KeyboardInterrupt
+                tail = _last_lines(errs[k])
                 others = " (the other workers were stopped)" if len(procs) > 1 else ""
-                raise UsageError(f"{who(k)} failed (exit {code}){others}:\n{tail}")
+                said = f":\n{tail}" if tail else " (it wrote nothing to standard error)"
+                raise UsageError(f"{who(k)} failed (exit {code}){others}{said}")
         if pending and deadline is not None and time.monotonic() > deadline:
             names = ", ".join(str(k) for k in sorted(pending))
             stuck = f"worker(s) {names} still running" if len(procs) > 1 else "still running"
@@ -377,32 +612,55 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _keep_partial(per_run: list[list[list[Any]]], tmp: str, i: int, output: str | None) -> str:
-    """Save what was recorded before a run failed; say where (or "" if nothing was)."""
-    from nddebug.storage import load, save
+def _keep_partial(
+    per_run: list[list[list[Any]]], tmp: str, i: int, args: argparse.Namespace, when: str
+) -> str:
+    """Keep what was recorded before run i failed or was stopped: the finished runs and the
+    blocks run i finished, in -o if given, else in a new temporary folder (never the working
+    directory, which may be read-only or not yours to litter). Says where ("" if nothing)."""
+    from nddebug.storage import save
 
-    recs = [rec for run in per_run for blocks in run for rec in blocks]
+    output, script, workers = args.output, args.script, args.workers
+    finished = [rec for run in per_run for blocks in run for rec in blocks]
+    partial: list[Any] = []
     for name in sorted(os.listdir(tmp)):
-        if name.startswith(f"run{i}-"):
+        if name.startswith(f"run{i}-") and name.endswith(".nddebug"):
+            k = int(name[len(f"run{i}-worker") : -len(".nddebug")])
             try:
-                recs += load(os.path.join(tmp, name))
+                partial += _load_run_file(os.path.join(tmp, name), i, k if workers > 1 else None)
             except NddebugError:
-                continue  # a worker killed while writing: its file may be unreadable
-    if not recs:
+                continue  # a process killed while writing: its file may be unreadable
+    known = {rec.run_id for rec in finished}
+    partial = [rec for rec in partial if rec.run_id not in known]  # run i may have finished
+    if not finished and not partial:
         return ""
-    path = output or os.path.abspath("nddebug-partial.nddebug")
-    save(recs, path)
-    return f"\nThe {len(recs)} recording(s) made before it are saved in {path}."
+    count = len(finished) + len(partial)
+    failed = ""
+    if output:
+        try:
+            save(finished + partial, output)  # those already there are skipped (run_id)
+            return f"The {count} recording(s) made {when} are saved in {output}."
+        except (NddebugError, OSError) as exc:
+            failed = f" (not in {output}: {exc})"
+    stem = os.path.splitext(os.path.basename(script))[0] or "run"
+    path = os.path.join(tempfile.mkdtemp(prefix="nddebug-partial-"), f"{stem}.nddebug")
+    try:
+        save(finished + partial, path)
+    except (NddebugError, OSError) as exc:
+        return f"The {count} recording(s) made {when} could not be saved: {exc}"
+    return f"The {count} recording(s) made {when} are saved in {path}{failed}."
 
 
-def _workers_agree(per_run: list[list[list[Any]]], b: int) -> int:
+def _workers_agree(per_run: list[list[list[Any]]], b: int, workers: int, out: Any) -> int:
     """Print, per run, whether the workers ended the step with the same variables."""
     from nddebug.replicas import worker_consistency
 
     status = OK
     for i, run in enumerate(per_run):
+        if len(run) < workers or any(len(blocks) <= b for blocks in run):
+            continue  # a run stopped before all its workers recorded this block
         result = worker_consistency([blocks[b] for blocks in run])
-        print(f"\n=== the workers of run {i + 1} compared with each other ===\n{result}")
+        out(f"\n=== the workers of run {i + 1} compared with each other ===\n{result}")
         status = max(status, OK if result.consistent else FOUND)
     return status
 
@@ -463,9 +721,6 @@ def _ops(args: argparse.Namespace) -> int:
     rows = [[str(r[c])[:70] if c == "fix" else r[c] for c in cols] for _, r in df.iterrows()]
     print(tabulate(rows, headers=cols, tablefmt="simple"))
     return OK
-
-
-INTERRUPTED = 130
 
 
 def _census(args: argparse.Namespace) -> int:
