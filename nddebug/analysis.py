@@ -57,6 +57,8 @@ class OpFinding:
     frac_differing: float | None = None
     scale: float | None = None  # the largest finite |x| of the op's outputs
     rel_diff: float | None = None  # max |Δ| / max |x|, the figure the report sorts sources by
+    # Every execution of the op that differed (or ran in some runs only), sources or not.
+    divergent_units: list[Unit] = field(default_factory=list)
 
 
 @dataclass
@@ -292,6 +294,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 executions=len(units),
                 divergent_executions=len(counted) if counted else len(missing),
                 units=sorted(chosen),
+                divergent_units=sorted(divergent or missing),
             )
         )
     replicas.demote_collectives(findings, recordings, per_run_units)

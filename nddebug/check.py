@@ -45,6 +45,7 @@ def check(
     mode: str = "repeat",
     rerun: int = 1,
     emulate_gpu: bool = False,
+    confirm: int = 64,
     **kwargs: Any,
 ) -> Report:
     """Run ``fn(*args, **kwargs)`` ``repeats`` times under :func:`nddebug.trace` and compare.
@@ -68,6 +69,11 @@ def check(
     An op with no deterministic kernel on this device raises UnimplementedError under op
     determinism: the report then names it (``report.errors``) with the alternatives.
 
+    A known culprit that ran but did not diverge (``report.risks``) is confirmed by one more
+    traced step in which that op alone also runs ``confirm`` more times on its very inputs
+    (rerun mode's machinery, for that op only): ``risks["confirmed"]`` says in how many of
+    them it differed. ``confirm=0`` skips it.
+
     Finally the state is restored once more and ``fn`` runs once, uninstrumented: the user's
     training continues exactly as if check() had been one ordinary step. With
     ``advance=False`` the state is left as before the check instead.
@@ -77,7 +83,7 @@ def check(
     if mode not in ("repeat", "rerun"):
         raise ValueError(f"mode must be 'repeat' or 'rerun', got {mode!r}")
     # Arguments are checked before anything runs: a bad one must not cost a traced warm-up.
-    for name, value in (("repeats", repeats), ("rerun", rerun)):
+    for name, value in (("repeats", repeats), ("rerun", rerun), ("confirm", confirm)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{name} must be a whole number, got {value!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
@@ -94,13 +100,20 @@ def check(
     keeper = st.StateKeeper(state)
     before = keeper.snapshot()
 
-    def one_run(step: Callable[..., Any], label: str, capture: set[str] | None = None) -> Recording:
+    def one_run(
+        step: Callable[..., Any],
+        label: str,
+        capture: set[str] | None = None,
+        rerun_only: set[str] | None = None,
+    ) -> Recording:
         keeper.restore(before)
         if seed is not None:
             st.set_seeds(seed)
-        with keeper.watch_creation(), trace(label=label, rerun=k) as rec:
+        k_here = confirm if rerun_only is not None else k
+        with keeper.watch_creation(), trace(label=label, rerun=k_here, record_env=False) as rec:
+            assert Recorder.active is not None
+            Recorder.active.rerun_only = rerun_only
             if capture is not None:
-                assert Recorder.active is not None
                 Recorder.active.capture = capture
             step(*args, **kwargs)
             assert Recorder.active is not None
@@ -148,6 +161,13 @@ def check(
                 if path is not None:
                     captures[-1].save(path)
             report = Report(runs, mode="repeat", captures=captures)
+        hidden = report.hidden_risk_keys()
+        if confirm and hidden and mode == "repeat":
+            # The known culprits that ran without diverging: re-execute each alone on its
+            # own inputs, in one more step traced afresh (its graphs get the copies).
+            step = retrace()
+            rec = one_run(step, "confirm suspects", rerun_only=hidden)
+            report.set_confirmations(confirmations(rec, hidden))
         return report
 
     from nddebug.emulate import emulate_gpu as emulation
@@ -199,6 +219,31 @@ def check(
             st.set_seeds(seed)
         fn(*args, **kwargs)
     return report
+
+
+def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
+    """Per op key: how many of its re-executions in ``rec`` differed from it."""
+    import re
+
+    counts: dict[str, list[int]] = {}
+    for ev in rec.events:
+        op = rec.ops.get(ev.op_id)
+        base = re.sub(r"#\d+$", "", op.key) if op is not None else ""
+        if base not in keys or not ev.reruns:
+            continue
+        seen = counts.setdefault(base, [0, 0])
+        seen[1] += len(ev.reruns)
+        seen[0] += sum(1 for again in ev.reruns if list(again) != list(ev.digests))
+    out = {}
+    for key in keys:
+        differed, total = counts.get(key, (0, 0))
+        if not total:
+            out[key] = "not re-executed (the op did not run again in the confirming step)"
+        elif differed:
+            out[key] = f"differed in {differed} of {total} re-executions on its recorded inputs"
+        else:
+            out[key] = f"not seen in {total} re-executions on its recorded inputs"
+    return out
 
 
 def _uses_xla(fn: Callable[..., Any], models: list[Any]) -> bool:

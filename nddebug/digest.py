@@ -104,16 +104,6 @@ def digest_numpy(array: Any) -> tuple[int, int]:
 # --------------------------------------------------------------------------- TensorFlow side
 
 
-def digestible(dtype: Any) -> bool:
-    """Whether tensors of this TF dtype have bits we can read (not string/resource/variant)."""
-    import tensorflow as tf
-
-    dtype = tf.as_dtype(dtype)
-    if dtype in (tf.string, tf.resource, tf.variant):
-        return False
-    return dtype == tf.bool or dtype.name in NARROW or _bitcast_ok(dtype)
-
-
 #: Dtypes tf.bitcast cannot read (float8, int4, int2): digested through an exact widening cast
 #: on the pure-TF path (every value maps to a distinct wider value), from their one-byte
 #: storage on the native path and in NumPy (ml_dtypes).
@@ -128,6 +118,16 @@ NARROW = {
     "int2": "int8",
     "uint2": "uint8",
 }
+
+
+def digestible(dtype: Any) -> bool:
+    """Whether tensors of this TF dtype have bits we can read (not string/resource/variant)."""
+    import tensorflow as tf
+
+    dtype = tf.as_dtype(dtype)
+    if dtype in (tf.string, tf.resource, tf.variant):
+        return False
+    return dtype == tf.bool or dtype.name in NARROW or _bitcast_ok(dtype)
 
 
 @functools.cache

@@ -6,6 +6,7 @@ in :mod:`nddebug.render` only present what is here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ from nddebug.analysis import (
 )
 from nddebug.errors import NotComparableError
 from nddebug.recording import OPAQUE, Recording
-from nddebug.risks import Risk, describe_bound, known_risks, rule_out_bound
+from nddebug.risks import Risk, describe_bound, known_risks, rule_out_bound, setup_notes
+from nddebug.timeline import FirstDivergence, divergence_per_step, first_divergence
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -128,12 +130,28 @@ class Report:
         knowledge base says is non-deterministic here (see :attr:`risks`)."""
         own = not self.comparison.findings and not self.comparison.paths and not self.not_compared
         own = own and not self.errors and not self._risks(applies=True)
+        own = own and not any(r.status == "interrupted" for r in self._compared_runs())
         return own and (self.as_compiled is None or self.as_compiled.ok)
 
     def _risks(self, applies: bool) -> list[Risk]:
         if not hasattr(self, "_risk_rows"):
             self._risk_rows = known_risks(self._compared_runs(), self.comparison.findings)
         return [r for r in self._risk_rows if r.applies == applies]
+
+    def hidden_risk_keys(self) -> set[str]:
+        """The op keys (without their "#n" suffix) of risks that did not diverge here."""
+        import re
+
+        return {re.sub(r"#\d+$", "", r.key) for r in self._risks(applies=True) if not r.observed}
+
+    def set_confirmations(self, found: dict[str, str]) -> None:
+        """Record what re-executing each suspect alone showed (see check(confirm=...))."""
+        import re
+
+        for r in self._risks(applies=True):
+            text = found.get(re.sub(r"#\d+$", "", r.key))
+            if text:
+                r.confirmed = text
 
     def _compared_runs(self) -> list[Recording]:
         return self.recordings if self.mode != "rerun" else self.recordings[:1]
@@ -163,11 +181,23 @@ class Report:
         return rule_out_bound(c.runs)
 
     @property
+    def first_divergence(self) -> FirstDivergence | None:
+        """Where the runs first part: the step (the k-th call of the block's training step),
+        the op and its location; None when nothing diverged."""
+        return first_divergence(self._compared_runs(), self.comparison.findings)
+
+    @property
+    def timeline(self) -> list[int]:
+        """Divergent op executions per step of the first run (index 0 is step 1); empty when
+        the block has no steps."""
+        return divergence_per_step(self._compared_runs(), self.comparison.findings)
+
+    @property
     def verdict_notes(self) -> list[str]:
         """What a renderer says next to the verdict about what the runs could not show: known
         culprits that ran without diverging, the bound of a clean result, other devices'
         culprits."""
-        notes = []
+        notes = setup_notes(self._compared_runs())
         c = self.comparison
         unit = "re-executions" if self.mode == "rerun" else "runs"
         hidden = [r for r in self._risks(applies=True) if not r.observed]
@@ -176,11 +206,14 @@ class Report:
             env = self.recordings[0].environment if self.recordings else {}
             setting = "on" if env.get("op_determinism") else "off"
             first = hidden[0]
+            confirmed = "; ".join(f"{r.op_type}: {r.confirmed}" for r in hidden if r.confirmed)
             notes.append(
                 f"no difference seen in {c.runs} {unit} for {names}, but the knowledge base "
                 f"lists {'it' if len(hidden) == 1 else 'them'} as non-deterministic on the "
                 f"{knowledge.device_kind(first.device) or 'CPU'} with op determinism "
-                f"{setting}: {first.culprit.mechanism} Fix: {first.fix}"
+                f"{setting}"
+                + (f" (re-executed alone: {confirmed})" if confirmed else "")
+                + f": {first.culprit.mechanism} Fix: {first.fix}"
             )
         if self.bound is not None:
             notes.append(describe_bound(c.runs, unit))
@@ -209,6 +242,8 @@ class Report:
             return "NOT reproducible"
         if self._risks(applies=True):
             return "NOT shown reproducible: a known non-deterministic op ran"
+        if any(r.status == "interrupted" for r in self._compared_runs()):
+            return "no difference seen, but not everything compared"
         return "reproducible" if self.ok else "no difference seen, but not everything compared"
 
     @property
@@ -242,6 +277,7 @@ class Report:
     def summary(self) -> dict[str, Any]:
         c = self.comparison
         env = self.recordings[0].environment if self.recordings else environment.capture()
+        fd = self.first_divergence
         return {
             "verdict": self.verdict,
             "mode": self.mode,
@@ -255,6 +291,8 @@ class Report:
             "tensorflow": env.get("tensorflow", "?"),
             "devices": ", ".join(env.get("devices", [])),
             "op_determinism": env.get("op_determinism"),
+            "first_divergence": dataclasses.asdict(fd) if fd is not None else None,
+            "timeline": self.timeline,
             "risks": sorted({r.op_type for r in self._risks(applies=True)}),
             "bound": self.bound,
             "notes": self.verdict_notes,

@@ -16,8 +16,9 @@ from nddebug import knowledge
 from nddebug.recording import Recording
 
 #: Kinds of knowledge-base entries whose op is non-deterministic by its kernel alone. Random
-#: ops are not here: seeded, they repeat; unseeded, every repeat shows it.
-KERNEL_KINDS = ("numerical", "collective")
+#: ops are not here: seeded, they repeat; unseeded, every repeat shows it. Collectives are not
+#: either: their order depends on the cluster, and replica/worker consistency checks them.
+KERNEL_KINDS = ("numerical",)
 #: What op determinism does to an entry that still leaves it a risk when it is on.
 STILL_RISKY_UNDER_DETERMINISM = ("unaffected", "n/a")
 
@@ -109,3 +110,30 @@ def describe_bound(runs: int, unit: str = "runs") -> str:
     if p > 0.1:
         text += f"; {runs_for(0.1)} {unit} bring that to 10%"
     return text
+
+
+def setup_notes(recordings: list[Recording]) -> list[str]:
+    """What the runs' own records say about how comparable they are: runs whose block raised
+    (compared only up to where they stopped), and runs made with other TensorFlow versions,
+    devices or op-determinism settings than the first (their differences may be the setup's,
+    not the step's)."""
+    notes = []
+    interrupted = [i for i, r in enumerate(recordings) if r.status == "interrupted"]
+    if interrupted:
+        notes.append(
+            f"run(s) {interrupted} ended with an exception inside the block: they were "
+            "compared only as far as they ran."
+        )
+    for field, what in (
+        ("tensorflow", "TensorFlow versions"),
+        ("devices", "devices"),
+        ("op_determinism", "op-determinism settings"),
+    ):
+        values = [str((r.environment or {}).get(field)) for r in recordings]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"run {i}: {v}" for i, v in enumerate(values))
+            notes.append(
+                f"the runs were made with different {what} ({shown}): a difference may be "
+                "the setup's rather than the step's."
+            )
+    return notes

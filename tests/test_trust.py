@@ -71,6 +71,10 @@ def test_known_culprit_that_did_not_diverge_is_not_ok() -> None:
     assert list(risks["op_type"]) == ["CropAndResizeGradImage"]
     if not risks["observed"].any():  # (measured: 1 distinct output in 20 runs at <= 32 boxes)
         assert report.verdict.startswith("NOT shown reproducible")
+        # Confirmed by re-executing the op alone on its inputs, 64 times by default.
+        confirmed = risks["confirmed"].iloc[0]
+        assert confirmed.startswith(("not seen in 64", "differed in")), confirmed
+        assert "re-executed alone" in str(report)
     text = str(report)
     assert "CropAndResizeGradImage" in text and "enable_op_determinism" in text
     assert report.summary["risks"] == ["CropAndResizeGradImage"]
@@ -92,6 +96,29 @@ def test_deterministic_step_is_ok_and_says_what_it_rules_out() -> None:
     assert report.bound == pytest.approx(0.393, abs=1e-3)
     assert "39%" in str(report) and report.summary["bound"] == report.bound
     assert report.risks.empty
+
+
+def test_a_suspect_re_executed_alone_shows_its_race() -> None:
+    """The confirming pass: only the suspect op gets copies, and the CPU crop gradient with
+    4,096 overlapping boxes differs among its own re-executions."""
+    from nddebug.check import confirmations
+    from nddebug.tracer import Recorder
+
+    step, args, _ = detection.make_step()
+    with nddebug.trace() as first:
+        step(*args)
+    (key,) = {op.key for op in first.ops.values() if op.op_type == "CropAndResizeGradImage"}
+    step, args, _ = detection.make_step()  # traced afresh: its graph gets the copies
+    with nddebug.trace(rerun=32) as rec:
+        assert Recorder.active is not None
+        Recorder.active.rerun_only = {key}
+        step(*args)
+    rerun_types = {rec.ops[ev.op_id].op_type for ev in rec.events if ev.reruns}
+    assert rerun_types == {"CropAndResizeGradImage"}
+    found = confirmations(rec, {key})[key]
+    assert found.startswith("differed in") and found.endswith(
+        "of 32 re-executions on its recorded inputs"
+    ), found
 
 
 # ----------------------------------------------------------------- everything compared
@@ -246,3 +273,75 @@ def test_recording_fields_are_plain_data() -> None:
     """The risk pass reads only plain recording data (no TensorFlow objects)."""
     rec = _recording("DenseBincount", "/device:CPU:0", False)
     assert dataclasses.asdict(rec.ops[0])["op_type"] == "DenseBincount"
+
+
+# ----------------------------------------------------------------- threads
+def test_trace_records_only_its_own_thread() -> None:
+    """A background thread calling an instrumented function during the block: its op
+    executions never land in the run, and a second block in another thread is refused."""
+    import threading
+
+    v = tf.Variable(tf.zeros([256]))
+
+    @tf.function
+    def step(x):
+        v.assign_add(tf.tanh(x))
+        return tf.reduce_sum(v)
+
+    @tf.function
+    def background(x):
+        return tf.reduce_sum(tf.sin(x) * tf.cos(x))
+
+    x = tf.ones([256])
+    background(x)  # traced outside: plain in the other thread
+    with nddebug.trace():
+        background_traced = background  # noqa: F841 - the same function, traced before
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            while not stop.is_set():
+                instrumented(x)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    @tf.function
+    def instrumented(x):
+        return tf.reduce_sum(tf.exp(-x) * 3.0)
+
+    with nddebug.trace():
+        instrumented(x)  # traced (instrumented) inside a block
+    recs = []
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        for _ in range(2):
+            v.assign(tf.zeros([256]))
+            with nddebug.trace() as rec:
+                for _ in range(20):
+                    step(x)
+            recs.append(rec)
+        refused: list[BaseException] = []
+
+        def second_block() -> None:
+            try:
+                with nddebug.trace():
+                    pass
+            except nddebug.TraceError as exc:
+                refused.append(exc)
+
+        with nddebug.trace():
+            t2 = threading.Thread(target=second_block)
+            t2.start()
+            t2.join()
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert refused and "another thread" in str(refused[0])
+    for rec in recs:
+        types = {rec.ops[ev.op_id].op_type for ev in rec.events}
+        assert "Exp" not in types, "another thread's ops landed in the run"
+    report = nddebug.compare(recs)
+    assert report.ok, str(report)

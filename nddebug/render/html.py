@@ -25,6 +25,10 @@ _COLUMNS = [
     ("max_ulp", "max ULP"),
     ("scale", "max |x|"),
     ("rel_diff", "rel |Δ|"),
+]
+# Long texts: in an expandable row under the op's row, so the table stays one line per op.
+_DETAILS = [
+    ("explanation", "why"),
     ("known_cause", "known cause"),
     ("evidence", "evidence"),
     ("fix", "fix"),
@@ -37,7 +41,9 @@ _STYLE = """
 .nddebug th, .nddebug td {border: 1px solid #ddd; padding: 3px 6px; text-align: left;
   vertical-align: top}
 .nddebug tr.source td {background: #fdecea} .nddebug tr.propagated td {color: #555}
-.nddebug .note {color: #666}
+.nddebug .note {color: #666} .nddebug .first {font-weight: 600}
+.nddebug tr.details td {border-top: none; color: #333; max-width: 900px}
+.nddebug tr.details p {margin: 2px 0}
 .nddebug figure {margin: 8px 0} .nddebug figcaption {color: #555; max-width: 900px}
 </style>
 """
@@ -98,6 +104,11 @@ def _render(report: Report) -> str:
             f"<p>Run {p.run} took a different path at top-level op #{p.position}: "
             f"{html.escape(p.reference_op)} vs {html.escape(p.other_op)}</p>"
         )
+    fd = report.first_divergence
+    if fd is not None:
+        text = fd.describe()
+        parts.append(f'<p class="first">{html.escape(text[0].upper() + text[1:])}.</p>')
+        parts.append(step_picture(report.timeline, fd.step))
     parts.append(picture(report))
     df = report.own_culprits
     if len(df):
@@ -105,12 +116,62 @@ def _render(report: Report) -> str:
         body = []
         for _, row in df.iterrows():
             cells = "".join(f"<td>{html.escape(cell(row, c, None))}</td>" for c, _ in _COLUMNS)
-            body.append(f'<tr class="{html.escape(row["role"].replace(" ", "-"))}">{cells}</tr>')
+            role = html.escape(row["role"].replace(" ", "-"))
+            body.append(f'<tr class="{role}">{cells}</tr>')
+            texts = [(h, str(row[c])) for c, h in _DETAILS if c in row and str(row[c] or "")]
+            if texts:
+                inner = "".join(
+                    f"<p><b>{html.escape(h)}:</b> {html.escape(t)}</p>" for h, t in texts
+                )
+                body.append(
+                    f'<tr class="details {role}"><td colspan="{len(_COLUMNS)}"><details>'
+                    f"<summary>why, evidence and fix</summary>{inner}</details></td></tr>"
+                )
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
         if df["rel_diff"].notna().any():
             parts.append(f'<p class="note">{html.escape(RELATIVE_NOTE)}</p>')
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def step_picture(counts: list[int], first: int | None) -> str:
+    """Divergent op executions per step, as bars along the steps, the first divergent step
+    marked: for a long run, where the runs part and how the divergence grows."""
+    if len(counts) < 2:
+        return ""
+    n, top = len(counts), max(counts) or 1
+    w, h, x0, x1, y0, y1 = 900, 120, 60, 884, 20, 90
+    bw = (x1 - x0) / n
+    bars = []
+    for i, c in enumerate(counts):
+        if c:
+            bh = max(1.5, (y1 - y0) * math.log1p(c) / math.log1p(top))
+            bars.append(
+                f'<rect x="{x0 + i * bw:.1f}" y="{y1 - bh:.1f}" width="{max(bw, 1):.1f}" '
+                f'height="{bh:.1f}" fill="#ef8f00"><title>step {i + 1}: {c} divergent op '
+                f"execution(s)</title></rect>"
+            )
+    mark = ""
+    if first is not None:
+        x = x0 + (first - 0.5) * bw
+        mark = (
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0 - 8}" y2="{y1}" stroke="#c62828" '
+            f'stroke-width="1.5"/><text x="{x + 4:.1f}" y="{y0 - 2}" font-size="11" '
+            f'fill="#c62828">first divergence: step {first}</text>'
+        )
+    axis = (
+        f'<line x1="{x0}" x2="{x1}" y1="{y1}" y2="{y1}" stroke="#999"/>'
+        f'<text x="{x0}" y="{y1 + 16}" font-size="11">step 1</text>'
+        f'<text x="{x1}" y="{y1 + 16}" font-size="11" text-anchor="end">step {n}</text>'
+        f'<text x="{x0 - 6}" y="{(y0 + y1) / 2:.0f}" font-size="10" text-anchor="end" '
+        f'fill="#555">ops≠</text>'
+    )
+    return (
+        f'<figure class="nddebug-steps"><svg viewBox="0 0 {w} {h}" width="100%" '
+        f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="divergence per step">'
+        f"{axis}{''.join(bars)}{mark}</svg><figcaption>Divergent op executions per step "
+        f"(log scale), steps 1 to {n}.</figcaption></figure>"
+    )
 
 
 # ---------------------------------------------------------------------------------- picture

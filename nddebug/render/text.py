@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from nddebug.timeline import sparkline
+
 if TYPE_CHECKING:
     from nddebug.report import Report
 
@@ -89,6 +91,14 @@ def _render(report: Report) -> str:
     for e in report.errors:
         lines += [f"  raises: {e.summary}.", *_wrap("  error: ", e.message)]
         lines += _wrap("  instead: ", e.fix)
+    fd = report.first_divergence
+    if fd is not None:
+        lines += _wrap("", fd.describe()[0].upper() + fd.describe()[1:] + ".")
+        counts = report.timeline
+        if len(counts) > 1:
+            lines.append(
+                f"  steps 1…{len(counts)}: {sparkline(counts)}  (divergent op executions per step)"
+            )
     # What the runs could not show, and what was not covered, belong next to the verdict.
     for note in report.verdict_notes:
         lines += _wrap("note: ", note)

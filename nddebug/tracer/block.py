@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import warnings
 from collections.abc import Iterator
 
 from nddebug import digest as dg
@@ -17,7 +19,11 @@ EMULATE_ENV = "NDDEBUG_EMULATE_GPU"  # set by `nddebug run --emulate-gpu`
 
 @contextlib.contextmanager
 def trace(
-    label: str = "", path: str | None = None, rerun: int = 0, emulate_gpu: bool = False
+    label: str = "",
+    path: str | None = None,
+    rerun: int = 0,
+    emulate_gpu: bool = False,
+    record_env: bool = True,
 ) -> Iterator[Recording]:
     """Record every TensorFlow op executed in the block.
 
@@ -26,13 +32,15 @@ def trace(
     stateless op also runs k more times on its own inputs (eagerly at once; in graphs as
     copies of the node), and ``nddebug.compare([rec])`` reports the ops whose re-executions
     differ: kernel non-determinism found in a single step, with no state to restore. With
-    ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`.
+    ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`. ``record_env=False``
+    (check()'s own runs) keeps the block out of the file `nddebug run` asks for: a script's
+    check() compares its runs itself, and its warm-up is no block of the script's.
     """
     if emulate_gpu or os.environ.get(EMULATE_ENV) == "1":
         from nddebug import emulate
 
         if not emulate.is_active():
-            with emulate.emulate_gpu(), trace(label, path, rerun) as rec:
+            with emulate.emulate_gpu(), trace(label, path, rerun, record_env=record_env) as rec:
                 yield rec
             return
     if rerun < 0:
@@ -40,7 +48,7 @@ def trace(
     from nddebug import environment
 
     # `nddebug run` asks every trace block of the script it runs to save into one file.
-    if path is None and os.environ.get(RECORD_ENV):
+    if path is None and record_env and os.environ.get(RECORD_ENV):
         path = os.environ[RECORD_ENV]
         label = label or os.environ.get(LABEL_ENV, "")
     rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
@@ -60,4 +68,16 @@ def trace(
                 "step itself (not only the model construction) inside nddebug.trace()."
             )
         if path is not None:
-            rec.save(path)
+            if sys.exc_info()[0] is None:
+                rec.save(path)
+            else:
+                # The block raised: its own exception goes on to the caller; failing to save
+                # the interrupted run must not replace it.
+                try:
+                    rec.save(path)
+                except Exception as exc:  # noqa: BLE001 - reported, never masks the user's
+                    warnings.warn(
+                        f"nddebug: the interrupted run could not be saved to {path}: {exc}",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )

@@ -120,7 +120,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     op_def = ops.op_def(op_type)
     stateful = op_def is None or op_def.is_stateful
     blocker = ""
-    if rec.rerun:
+    k_rerun = rec.rerun_for(key)
+    if k_rerun:
         blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
     op_id = rec.eager_sites.get(key)
     if op_id is None:
@@ -171,7 +172,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
         for slot, t in enumerate(out_tensors):
             if out_digests[slot] is not None:
                 rec.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
-    if rec.rerun and not blocker:
+    if k_rerun and not blocker:
         ev.reruns = rerun.rerun_eager(rec, op_type, inputs, attrs, out_tensors, ev, capture)
     rec.append(ev, call_device=rec.recording.ops[op_id].device if function else None)
 

@@ -152,10 +152,10 @@ def _as_tensor(d: Any) -> Any:
     return d
 
 
-def _fused_lib(rec: Any, graph: Any, out_tensors: list[Any]) -> Any:
+def _fused_lib(rec: Any, graph: Any, out_tensors: list[Any], k_rerun: int) -> Any:
     """The native library when this op's outputs can be digested and recorded by one fused op
     (native path, outputs on the host and not digested already, no tensor values to keep)."""
-    if rec.rerun or rec.capture or not any(_digestible(t) for t in out_tensors):
+    if k_rerun or rec.capture or not any(_digestible(t) for t in out_tensors):
         return None
     lib = transport.native_ops()
     if lib is None:
@@ -266,7 +266,9 @@ def instrument_op(
     alias = ops.ALIAS_OPS.get(op_type, -1)
     if any(t.dtype._is_ref_dtype for t in inputs):
         alias = -1  # an Identity of a TF1 variable reads it: a real op, digested
-    host = bool(rec.rerun) and rerun.on_host(outputs[0].device if outputs else "")
+    name = op_name or (outputs[0].op.name if outputs else "")
+    k_rerun = rec.rerun_for(f"{graph_key(graph)}/{ops.UID_IN_NAME.sub('', ops.as_str(name))}")
+    host = bool(k_rerun) and rerun.on_host(outputs[0].device if outputs else "")
     if alias != -1 and host:
         return None  # rerun mode on the host digests no inputs: nothing to pass through
     if alias != -1:
@@ -280,7 +282,7 @@ def instrument_op(
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
         # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
         op = graph.get_operation_by_name(op_name)
-    if rec.rerun:
+    if k_rerun:
         inputs = rerun.unfuse(graph, op, op_type, inputs)
     out_tensors = list(outputs)
     note = ""
@@ -317,7 +319,7 @@ def instrument_op(
         in_digests = [digest_in_graph(graph, t) for t in inputs]
         if not is_v1_graph(graph):  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, in_digests)
-        fused = _fused_lib(rec, graph, out_tensors)
+        fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         if fused is not None:  # digested by the op that records them, made below
             out_digests = [True if _digestible(t) else None for t in out_tensors]
         else:
@@ -328,9 +330,9 @@ def instrument_op(
     blocker = ""
     payload: list[Any] = []
     copies = 0
-    if rec.rerun:
+    if k_rerun:
         blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
-        dups = [] if blocker else rerun.duplicates(graph, op, inputs, rec.rerun)
+        dups = [] if blocker else rerun.duplicates(graph, op, inputs, k_rerun)
         copies = len(dups)
         for slot, (t, d) in enumerate(zip(out_tensors, out_digests, strict=False)):
             if d is None:

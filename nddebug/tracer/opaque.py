@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 import sys
+import threading
 from typing import Any
 
 from nddebug import digest as dg
@@ -174,6 +175,56 @@ def blind_spots(graph: Any) -> list[str]:
     return found
 
 
+_current: PreCallHook | None = None
+_patched = False
+_inflight = 0  # eager function calls in flight that no block's hook saw start
+_inflight_lock = threading.Lock()
+
+
+def _patch_call_function() -> None:
+    """Route every eager function call of the process through nddebug, once and for good.
+
+    Patched at the first trace and never removed, so that a call another thread started
+    before a block is still counted (:func:`wait_for_calls`) when the block switches
+    recording on: its rows would otherwise land in the block's run. Outside a block the
+    patch costs a counter update per call."""
+    global _patched
+    if _patched:
+        return
+    from tensorflow.python.eager import context
+
+    original = context.Context.call_function
+
+    def call_function(ctx: Any, name: Any, tensor_inputs: Any, num_outputs: int) -> Any:
+        global _inflight
+        hook = _current
+        if hook is not None:
+            return hook.call(original, ctx, name, tensor_inputs, num_outputs)
+        with _inflight_lock:
+            _inflight += 1
+        try:
+            return original(ctx, name, tensor_inputs, num_outputs)
+        finally:
+            with _inflight_lock:
+                _inflight -= 1
+
+    context.Context.call_function = call_function
+    _patched = True
+
+
+def wait_for_calls(timeout: float) -> bool:
+    """Wait until no call that started outside a block is in flight (True), or ``timeout``
+    seconds (False). Calls made once a hook is current go through it instead."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while _inflight:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 class PreCallHook:
     """Reads the captured variables of opaque calls just before TensorFlow runs them."""
 
@@ -183,28 +234,28 @@ class PreCallHook:
         self._original: Any = None
 
     def install(self) -> None:
-        from tensorflow.python.eager import context
-
-        original = context.Context.call_function
-        hook = self
-
-        def call_function(ctx: Any, name: Any, tensor_inputs: Any, num_outputs: int) -> Any:
-            if not busy():
-                fname = ops.as_str(name)
-                if function_kind(fname) != "instrumented":
-                    digests = state_digests(tensor_inputs)
-                    hook.before.setdefault(fname, []).append(digests)
-            return original(ctx, name, tensor_inputs, num_outputs)
-
-        self._original = original
-        context.Context.call_function = call_function
+        """Make this hook the one the process-wide call patch hands calls to."""
+        global _current
+        _patch_call_function()
+        _current = self
 
     def uninstall(self) -> None:
-        from tensorflow.python.eager import context
+        global _current
+        if _current is self:
+            _current = None
 
-        if self._original is not None:
-            context.Context.call_function = self._original
-            self._original = None
+    def call(self, original: Any, ctx: Any, name: Any, tensor_inputs: Any, n: int) -> Any:
+        """One eager function call while this hook's recorder is active."""
+        rec = self.recorder
+        if threading.get_ident() != rec.thread:
+            # Another thread's call: not this block's, and kept out of it.
+            return rec.foreign_call(lambda: original(ctx, name, tensor_inputs, n))
+        if not busy():
+            fname = ops.as_str(name)
+            if function_kind(fname) != "instrumented":
+                digests = state_digests(tensor_inputs)
+                self.before.setdefault(fname, []).append(digests)
+        return rec.own_call(lambda: original(ctx, name, tensor_inputs, n))
 
     def pop(self, name: str) -> list[dg.Digest | None] | None:
         """The digests read before the call that just returned (None if the hook missed it)."""

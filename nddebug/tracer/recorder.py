@@ -13,16 +13,22 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
-from nddebug.recording import XLA_NOTE, Event, Recording
+from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, Recording
 from nddebug.tracer import eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 
 
 class Recorder:
-    """Collects one run; installed as TensorFlow's op callback while active."""
+    """Collects one run; installed as TensorFlow's op callback while active.
+
+    One block at a time in a process, and it records the thread that opened it: TensorFlow's
+    op callbacks are per thread, so other threads' eager ops and graph construction are not
+    seen; their calls of instrumented functions, whose rows would land in the shared buffer,
+    are run apart and their rows dropped (see :meth:`foreign_call`)."""
 
     active: Recorder | None = None
+    _starting = threading.Lock()
 
     def __init__(self, recording: Recording, rerun: int = 0) -> None:
         self.recording = recording
@@ -37,28 +43,106 @@ class Recorder:
         self.lib_dirs = library_dirs()
         # Op keys whose full output values are kept (second pass of check()).
         self.capture: set[str] | None = None
+        # With rerun: the only op keys (without their "#n" suffix) that are re-executed; None
+        # for all (check() confirms a suspect op this way, the rest of the step runs as usual).
+        self.rerun_only: set[str] | None = None
         # Opaque calls' variables are read before each call by this hook.
         self.pre_call = opaque.PreCallHook(self)
         # TF1 graphs: each Session.run instruments and records the ops it executes.
         self.session_hook = session.SessionHook(self)
         # XLA-compiled functions that ran (top level) or were traced nested inside one.
         self.xla_functions: set[str] = set()
+        self.thread = threading.get_ident()
+        # Held while an instrumented call runs, so another thread's call is never in flight
+        # with one of this block's: its rows can then be told apart and dropped.
+        self.call_lock = threading.RLock()
+        self.discarding = False  # pure-TF path: rows arriving now are another thread's
+        self._held = 0  # calls of this thread whose rows are not drained yet (own_call)
 
     def next_seq(self) -> int:
         return next(self._seq)
 
+    def rerun_for(self, key: str) -> int:
+        """How many times the op of ``key`` is re-executed (0: not at all)."""
+        if not self.rerun or (self.rerun_only is not None and key not in self.rerun_only):
+            return 0
+        return self.rerun
+
+    def own_call(self, call: Any) -> Any:
+        """Run a function call of the recording thread (see :meth:`foreign_call`)."""
+        # Bounded: a call that waits for another thread's call (a queue between threads)
+        # must not deadlock; it then runs as it would have, and the block says so.
+        if not self.call_lock.acquire(timeout=5.0):
+            ops.warn_once(self.recording, _MIXED)
+            return call()
+        try:
+            out = call()
+        except BaseException:
+            self.call_lock.release()
+            raise
+        # Kept until the call's eager callback has drained its rows (release_call): the
+        # last rows can reach the buffer just after the call returns, and another thread's
+        # call must not start, and have them dropped with its own, before that.
+        self._held += 1
+        return out
+
+    def release_call(self) -> None:
+        """Let other threads' calls run again (see :meth:`own_call`)."""
+        while self._held:
+            self._held -= 1
+            self.call_lock.release()
+
+    def foreign_call(self, call: Any) -> Any:
+        """Run another thread's function call during the block: alone (no call of this
+        block in flight), with the rows it leaves in the buffer dropped."""
+        if not self.call_lock.acquire(timeout=5.0):
+            ops.warn_once(self.recording, _MIXED)
+            return call()
+        try:
+            self.drain()  # what is there now is the recording thread's
+            self.discarding = True
+            try:
+                return call()
+            finally:
+                transport.drain()
+                self.discarding = False
+        finally:
+            self.call_lock.release()
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        with Recorder._starting:
+            active = Recorder.active
+            if active is not None:
+                if active.thread == self.thread:
+                    raise TraceError(
+                        "nddebug.trace() blocks cannot be nested (and check() runs its own trace)"
+                    )
+                raise TraceError(
+                    "another thread is inside nddebug.trace() (or check()): one block records "
+                    "at a time in a process. Trace in one thread, or one block after the other."
+                )
+            Recorder.active = self
+        try:
+            self._start()
+        except BaseException:
+            Recorder.active = None
+            raise
+
+    def _start(self) -> None:
         from tensorflow.python.eager.polymorphic_function import transform as concrete_function
         from tensorflow.python.framework import op_callbacks
 
-        if Recorder.active is not None:
-            raise TraceError(
-                "nddebug.trace() blocks cannot be nested (and check() runs its own trace)"
-            )
-        set_gate(True)
-        transport.drain()  # rows of no block (there should be none)
-        transport.set_active(True)
+        # The call hook first and the switches under the call lock: no other thread's call
+        # is in flight, unhooked, once the buffer records.
+        self.pre_call.install()
+        with self.call_lock:
+            # Calls other threads started before the hook was this block's must end first.
+            if not opaque.wait_for_calls(timeout=5.0):
+                ops.warn_once(self.recording, _MIXED)
+            set_gate(True)
+            transport.drain()  # rows of no block (there should be none)
+            transport.set_active(True)
         if native.problem():
             ops.warn_once(
                 self.recording,
@@ -66,22 +150,22 @@ class Recorder:
                 f"slower pure-TF path with one host callback per op ({native.problem()}). "
                 "Run `python -m nddebug.native build` to see why; NDDEBUG_NATIVE=0 silences this.",
             )
-        Recorder.active = self
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
-        self.pre_call.install()
         self.session_hook.install()
 
     def stop(self) -> None:
         from tensorflow.python.eager.polymorphic_function import transform as concrete_function
         from tensorflow.python.framework import op_callbacks
 
-        self.pre_call.uninstall()
         self.session_hook.uninstall()
         op_callbacks.remove_op_callback(self.callback)
-        set_gate(False)
-        transport.set_active(False)
-        self.drain()
+        with self.call_lock:
+            set_gate(False)
+            transport.set_active(False)
+            self.drain()
+            self.release_call()
+        self.pre_call.uninstall()
         if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
             concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
         Recorder.active = None
@@ -115,6 +199,9 @@ class Recorder:
         graph: Any = None,
     ) -> Any:
         if busy():
+            if graph is None and self._held:
+                self.drain()
+                self.release_call()
             return outputs
         op_type = ops.as_str(op_type)
         with inside_nddebug():
@@ -123,6 +210,7 @@ class Recorder:
                     # A function call's graph events are in the buffer now (its eager
                     # callback runs after it returns): they get their seq before it does.
                     self.drain()
+                    self.release_call()
                     eager.on_eager(self, op_type, inputs or (), attrs, outputs or ())
                 elif instrument.is_v1_graph(graph):
                     pass  # a TF1 graph is instrumented by the Session.run that executes it
@@ -159,8 +247,15 @@ class Recorder:
         eager.record_variables(self, variables)
 
     def drain(self) -> None:
-        """Take the graph op executions the native buffer holds (see :mod:`transport`)."""
-        for op_id, outs, ins in transport.drain():
+        """Take the graph op executions the native buffer holds (see :mod:`transport`): never
+        while another thread's call is in flight, whose rows are not this block's."""
+        locked = self.call_lock.acquire(timeout=5.0)
+        try:
+            rows = [] if self.discarding else transport.drain()
+        finally:
+            if locked:
+                self.call_lock.release()
+        for op_id, outs, ins in rows:
             self.on_graph_event(op_id, outs, ins)
 
     def on_graph_event(
@@ -198,6 +293,13 @@ class Recorder:
                 self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
             self.pending.append(ev)
             self.recording.values.update(kept)
+
+
+_MIXED = (
+    NOT_COMPARED
+    + "another thread called instrumented functions while a call of this block was in flight: "
+    "their op executions may be mixed into this run."
+)
 
 
 def _rows(x: np.ndarray | list[list[int]]) -> list[list[int]]:

@@ -31,7 +31,7 @@ def _receive(op_id: np.ndarray, outs: np.ndarray, ins: np.ndarray, *values: np.n
     from nddebug.tracer.recorder import Recorder
 
     rec = Recorder.active
-    if rec is not None:
+    if rec is not None and not rec.discarding:
         COUNTS["callbacks"] += 1
         rec.on_graph_event(int(op_id), outs, ins, values)
 

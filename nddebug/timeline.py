@@ -1,0 +1,155 @@
+"""Steps of a long run: where two runs first part, and how the divergence grows step by step.
+
+Pure functions over recordings and the comparison's findings; no TensorFlow.
+
+A *step* is one top-level call of the block's training step: the k-th call of the function the
+block calls most often (a tf.function, Keras's train function, a function traced before the
+block), or the k-th ``Session.run``. Eager ops between two steps belong to the step they lead
+into, and those after the last step to the last one. A block with no such call (purely eager
+code) has no steps: its first divergence is placed by execution only.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from nddebug.recording import Event, Recording
+
+SPARK = " ▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class FirstDivergence:
+    """The first op execution that differed between the runs, and the step it ran in."""
+
+    step: int | None  # 1-based step (None: the block has no steps)
+    steps: int  # how many steps the reference run made
+    op_type: str
+    op_name: str
+    key: str
+    location: str
+    role: str  # the op's role in the comparison: source, propagated or control flow
+    index: int  # 0-based position of the execution among the reference run's executions
+    explanation: str = ""
+
+    def describe(self) -> str:
+        """The sentence a report opens with."""
+        where = f"{self.op_type} ({self.location or self.op_name or self.key})"
+        if self.step is None:
+            at = f"at op execution {self.index + 1}"
+        else:
+            at = f"at step {self.step} of {self.steps}"
+        text = f"the runs first part {at}, in {where}, a {self.role}"
+        if self.explanation:
+            text += f": {self.explanation}"
+        if self.step is not None and self.step > 1:
+            text += f". Steps 1 to {self.step - 1} agree bit for bit"
+        return text
+
+
+def step_calls(rec: Recording) -> list[int]:
+    """The seqs of the reference run's step calls, in order (empty: no steps)."""
+    calls: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    eager = [ev for ev in rec.events if ev.call == ev.seq]
+    for ev in eager:
+        op = rec.ops.get(ev.op_id)
+        if op is not None and (op.function or op.op_type == "Session.run"):
+            calls[op.key] += 1
+            first.setdefault(op.key, ev.seq)
+    if not calls:
+        return []
+    top = max(calls, key=lambda k: (calls[k], -first[k]))
+    return [ev.seq for ev in eager if rec.ops[ev.op_id].key == top]
+
+
+def step_of(steps: list[int], call_seq: int) -> int | None:
+    """The 1-based step an execution belongs to, given the seq of its top-level call."""
+    if not steps:
+        return None
+    k = bisect.bisect_left(steps, call_seq)  # steps strictly before the call
+    return min(k + 1, len(steps))
+
+
+def _eager(rec: Recording) -> list[Event]:
+    return [ev for ev in rec.events if ev.call == ev.seq]
+
+
+_ROLE_RANK = {"source": 0, "control flow": 1, "propagated": 2}
+
+
+def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstDivergence | None:
+    """The first divergent execution in the reference run, over every finding (a source, what
+    it propagated to, an op that ran in some runs only). None when nothing diverged.
+
+    Ordered by the top-level call it ran in, then by role (within one call, graph ops record
+    in an order threads decide, so a read that only propagated can arrive before the op that
+    caused it), then by arrival."""
+    if not recordings or not findings:
+        return None
+    ref = recordings[0]
+    by_seq = {ev.seq: (i, ev) for i, ev in enumerate(ref.events)}
+    ranked = []
+    for f in findings:
+        units = [u for u in (getattr(f, "divergent_units", None) or f.units) if u[0] >= 0]
+        if units and f.first_seq in by_seq:
+            ranked.append((min(u[0] for u in units), _ROLE_RANK.get(f.role, 3), f.first_seq, f))
+    if not ranked:
+        return None
+    _, _, seq, f = min(ranked, key=lambda r: r[:3])
+    index, ev = by_seq[seq]
+    steps = step_calls(ref)
+    return FirstDivergence(
+        step=step_of(steps, ev.call),
+        steps=len(steps),
+        op_type=f.op.op_type,
+        op_name=f.op.op_name,
+        key=f.key,
+        location=f.op.location,
+        role=f.role,
+        index=index,
+        explanation=f.explanation,
+    )
+
+
+def divergence_per_step(recordings: list[Recording], findings: list[Any]) -> list[int]:
+    """How many op executions diverged in each step of the reference run (index 0 = step 1);
+    empty when the block has no steps."""
+    if not recordings:
+        return []
+    ref = recordings[0]
+    steps = step_calls(ref)
+    if not steps:
+        return []
+    eager = _eager(ref)
+    counts = [0] * len(steps)
+    for f in findings:
+        for u in getattr(f, "divergent_units", None) or f.units:
+            if 0 <= u[0] < len(eager):
+                s = step_of(steps, eager[u[0]].seq)
+                if s is not None:
+                    counts[s - 1] += 1
+    return counts
+
+
+def sparkline(counts: list[int], width: int = 60) -> str:
+    """Counts as one line of block characters, at most ``width`` wide (each character the
+    largest count of the steps it stands for); a step with no divergence is a space."""
+    if not counts:
+        return ""
+    per = max(1, -(-len(counts) // width))
+    buckets = [max(counts[i : i + per]) for i in range(0, len(counts), per)]
+    top = max(buckets)
+    if top == 0:
+        return "·" * len(buckets)
+    out = []
+    for c in buckets:
+        if c == 0:
+            out.append("·")
+        else:
+            level = 1 + int((len(SPARK) - 2) * (c / top))
+            out.append(SPARK[min(level, len(SPARK) - 1)])
+    return "".join(out)

@@ -1,0 +1,137 @@
+"""Whole training runs: at which step two runs first part, and how the divergence grows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import nddebug
+from nddebug.examples import detection
+from nddebug.timeline import sparkline, step_of
+from tests.helpers import subprocess_env
+
+
+def _loop(steps: int, differ_at: int | None, value: float = 0.9) -> list[Any]:
+    """Two runs of a ``steps``-step loop; in the second, call ``differ_at`` alone gets an input
+    that differs (as a value read from outside TensorFlow would)."""
+    w = tf.Variable(tf.ones([8, 8]) * 0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+        w.assign_sub(0.05 * tape.gradient(loss, w))
+        return loss
+
+    recs = []
+    for run in range(2):
+        w.assign(tf.ones([8, 8]) * 0.1)
+        with nddebug.trace() as rec:
+            for k in range(1, steps + 1):
+                x = np.full([4, 8], 0.5, np.float32)
+                if run == 1 and k == differ_at:
+                    x[0, 0] = value
+                step(tf.constant(x))
+        recs.append(rec)
+    return recs
+
+
+def test_first_divergence_names_the_step_and_the_op() -> None:
+    report = nddebug.compare(_loop(200, differ_at=137))
+    fd = report.first_divergence
+    assert fd is not None and fd.step == 137 and fd.steps == 200
+    assert fd.op_type == "MatMul" and fd.role == "source"
+    assert "test_long_runs.py" in fd.location
+    text = str(report)
+    assert "first part at step 137 of 200" in text and "Steps 1 to 136 agree" in text
+    # Everything after it only propagated: no variable read of a later step is a source.
+    assert set(report.sources["op_type"]) == {"MatMul"}
+    reads = report.culprits[report.culprits["op_type"] == "ReadVariableOp"]
+    assert len(reads) and set(reads["role"]) == {"propagated"}
+    counts = report.timeline
+    assert len(counts) == 200 and not any(counts[:136]) and all(counts[136:])
+    assert report.summary["first_divergence"]["step"] == 137
+    assert "first divergence: step 137" in report._repr_html_()
+
+
+def test_identical_runs_have_no_first_divergence() -> None:
+    report = nddebug.compare(_loop(30, differ_at=None))
+    assert report.ok and report.first_divergence is None
+    assert report.timeline == [0] * 30 and report.summary["first_divergence"] is None
+
+
+def test_a_racing_op_in_a_30_step_loop_is_the_only_source() -> None:
+    """The CPU crop gradient races; whether or not it showed in these runs, nothing else is a
+    source (every later read of the weights it updated only propagates), and the verdict is
+    never "reproducible"."""
+    step, args, state = detection.make_step(boxes=1024)
+    weights = [v for v in state if isinstance(v, tf.Variable)]
+    initial = [v.numpy() for v in weights]
+    recs = []
+    for _ in range(2):
+        for v, value in zip(weights, initial, strict=True):
+            v.assign(value)
+        with nddebug.trace() as rec:
+            for _ in range(30):
+                step(*args)
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert not report.ok
+    assert set(report.sources["op_type"]) <= {"CropAndResizeGradImage"}, report.sources
+    assert "CropAndResizeGradImage" in set(report.risks["op_type"])
+    if report.first_divergence is not None:
+        assert report.first_divergence.op_type == "CropAndResizeGradImage"
+
+
+def test_step_numbering_and_sparkline() -> None:
+    steps = [10, 20, 30]
+    assert [step_of(steps, s) for s in (5, 10, 15, 20, 30, 99)] == [1, 1, 2, 2, 3, 3]
+    assert step_of([], 5) is None
+    assert sparkline([0, 0, 3, 9]) == "··▃█"
+    assert len(sparkline(list(range(1000)), width=50)) <= 50
+
+
+def test_nddebug_run_names_the_step_where_processes_part(tmp_path: Any) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import random
+            import numpy as np, tensorflow as tf, nddebug
+
+            w = tf.Variable(tf.ones([8, 8]) * 0.1)
+
+            @tf.function
+            def step(x):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+                w.assign_sub(0.05 * tape.gradient(loss, w))
+                return loss
+
+            with nddebug.trace():
+                for k in range(1, 61):
+                    x = np.full([4, 8], 0.5, np.float32)
+                    if k == 41:
+                        x[0, 0] = random.SystemRandom().uniform(0.6, 0.9)  # per process
+                    step(tf.constant(x))
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["first_divergence"]["step"] == 41
+    assert summary["first_divergence"]["steps"] == 60
