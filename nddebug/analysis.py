@@ -83,6 +83,18 @@ class Comparison:
     warnings: list[str]
 
 
+def _identity(ev: Event) -> Any:
+    """What must be equal for two executions to agree: the output digests, and the shapes
+    where they were recorded (eager ops: the same bytes in another shape differ)."""
+    shapes = tuple(tuple(s) for s in ev.shapes) if ev.shapes else None
+    return tuple(ev.digests), shapes
+
+
+def _unreadable(ev: Event) -> bool:
+    """Whether the execution had outputs and none of them could be digested."""
+    return bool(ev.digests) and all(d is None for d in ev.digests)
+
+
 def _event_inputs(ev: Event) -> Any:
     if ev.inputs is None:
         return None
@@ -246,6 +258,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
 
     ref_seq = {u: ev.seq for u, ev in per_run_units[0].items()}
     findings: list[OpFinding] = []
+    unreadable: set[str] = set()
     order_only: list[str] = []
     for key, units in by_key.items():
         units.sort()
@@ -257,15 +270,22 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         for u in units:
             if u in missing:
                 continue
-            outs = [tuple(pu[u].digests) for pu in per_run_units]
+            outs = [_identity(pu[u]) for pu in per_run_units]
+            ins = [_event_inputs(pu[u]) for pu in per_run_units]
             if len(set(outs)) == 1:
+                if not (_unreadable(per_run_units[0][u]) and len(set(ins)) > 1):
+                    continue
+                # Nothing it output can be read (strings, variants) but its inputs differed:
+                # what it passed on cannot be compared, so it is a finding, not silence.
+                unreadable.add(key)
+                differing_runs.update(r for r, i in enumerate(ins) if i != ins[0])
+                divergent.append(u)
                 continue
             divergent.append(u)
             differing_runs.update(r for r, o in enumerate(outs) if o != outs[0])
-            ins = [_event_inputs(pu[u]) for pu in per_run_units]
             if None not in ins and len(set(ins)) == 1:
                 source_units.append(u)
-        if divergent and _same_multiset(per_run_units, divergent):
+        if divergent and key not in unreadable and _same_multiset(per_run_units, divergent):
             order_only.append(key)
             continue
         if not divergent and not missing:
@@ -308,6 +328,11 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     device = recordings[0].environment.get("emulated_device", "")
     for f in findings:
         _explain(f, device)
+        if f.key in unreadable and f.role == "propagated":
+            f.explanation = (
+                "its inputs differed and its outputs could not be compared (strings or other "
+                "values nddebug cannot read): whatever it passed on is not seen"
+            )
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -374,11 +399,13 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
                 return True
         return False
 
-    explained = any(f.op.op_type != "VariableState" for f in findings)
+    explained = any(f.op.op_type not in PSEUDO_OPS for f in findings)
     for f in findings:
         if f.role != "source":
             continue
         if f.op.op_type == "ReadVariableOp" and after_divergent_write(f):
+            f.role = "propagated"
+        elif f.op.op_type == "ReturnValue" and explained:
             f.role = "propagated"
         elif CONTAINER_OPS.match(f.op.op_type) and explained_elsewhere(f, findings):
             # A TensorList, TensorArray or Optional hands on what was put into it: its
@@ -388,6 +415,9 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
         elif f.op.function == "instrumented" or (f.op.op_type == "VariableState" and explained):
             f.role = "propagated"
 
+
+#: Pseudo-ops check() adds after the step: the variables' values and the step's return value.
+PSEUDO_OPS = ("VariableState", "ReturnValue")
 
 #: Ops that take a container (a variant: TensorList, TensorArray, Optional, TensorMap) and hand
 #: on what it holds.
@@ -521,6 +551,8 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.kind = f.culprit.kind if f.culprit else "numerical"
         if op.op_type == "VariableState":
             f.explanation = "the variable's value after the step: changed by the ops above"
+        elif op.op_type == "ReturnValue":
+            f.explanation = "what the step returned: computed from the ops above"
         elif op.function or op.op_type in CALL_OPS:
             f.explanation = "a call, loop or branch: it returns what the ops inside it computed"
         elif op.op_type == "ReadVariableOp":
@@ -538,6 +570,14 @@ def _explain(f: OpFinding, device: str = "") -> None:
         return
     if op.function in OPAQUE:
         _explain_opaque(f, device)
+        return
+    if op.op_type == "ReturnValue":
+        f.kind = "other"
+        f.explanation = (
+            "the step's return value differs, but no traced op explains it: it was computed "
+            "in Python (random, time, a file, set or dict order) or by a call nddebug could "
+            "not see inside"
+        )
         return
     if op.op_type == "VariableState":
         f.kind = "other"

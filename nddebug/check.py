@@ -99,6 +99,7 @@ def check(
     models = st.keras_models(state)
     keeper = st.StateKeeper(state)
     before = keeper.snapshot()
+    streams = st.RandomStreams()
 
     def one_run(
         step: Callable[..., Any],
@@ -115,8 +116,9 @@ def check(
             Recorder.active.rerun_only = rerun_only
             if capture is not None:
                 Recorder.active.capture = capture
-            step(*args, **kwargs)
+            returned = step(*args, **kwargs)
             assert Recorder.active is not None
+            Recorder.active.record_return(returned)
             Recorder.active.record_variables(keeper.variables)
         if capture is not None:
             rec.kind = "capture"
@@ -198,6 +200,7 @@ def check(
                 report = as_compiled
     except BaseException as exc:
         keeper.restore(before)
+        streams.restore()
         from nddebug import environment
 
         # Only op determinism turns a kernel with no deterministic variant into an error;
@@ -214,6 +217,7 @@ def check(
     # Leave the state as after one ordinary, uninstrumented step of the user's own function:
     # instrumented graphs can fuse ops differently, so their last bits need not match it.
     keeper.restore(before)
+    streams.restore()
     if advance:
         if seed is not None:
             st.set_seeds(seed)

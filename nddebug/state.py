@@ -248,3 +248,34 @@ def reset_keras_functions(models: list[Any]) -> None:
                 setattr(m, a, None)
         if getattr(m, "jit_compile", False):
             m.jit_compile = False
+
+
+class RandomStreams:
+    """The process's random streams that a step may draw from: Python's and NumPy's global
+    generators, TensorFlow's op-seed stream (the global seed's counter) and TensorFlow's global
+    tf.random.Generator when it exists. check() puts them back before its final ordinary step,
+    so after check() they are where one plain step leaves them."""
+
+    def __init__(self) -> None:
+        from tensorflow.python.eager import context
+        from tensorflow.python.ops import stateful_random_ops
+
+        self.python = random.getstate()
+        self.numpy = np.random.get_state()
+        ctx = context.context()
+        rng = getattr(ctx, "_rng", None)
+        self.tf_seeds = rng.getstate() if rng is not None else None
+        gen = stateful_random_ops.global_generator
+        self.tf_generator = (gen, gen.state.numpy()) if gen is not None else None
+
+    def restore(self) -> None:
+        from tensorflow.python.eager import context
+
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        rng = getattr(context.context(), "_rng", None)
+        if rng is not None and self.tf_seeds is not None:
+            rng.setstate(self.tf_seeds)
+        if self.tf_generator is not None:
+            gen, state = self.tf_generator
+            gen.state.assign(state)

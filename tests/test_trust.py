@@ -345,3 +345,76 @@ def test_trace_records_only_its_own_thread() -> None:
         assert "Exp" not in types, "another thread's ops landed in the run"
     report = nddebug.compare(recs)
     assert report.ok, str(report)
+
+
+# ----------------------------------------------------------------- what is compared, more
+def test_unreadable_outputs_with_differing_inputs_are_a_finding() -> None:
+    """AsString's output (a string) cannot be digested; its input differed: the report must
+    not be reproducible."""
+
+    @tf.function
+    def step(n):
+        return tf.strings.join([tf.strings.as_string(n * 2), "x"])
+
+    recs = []
+    for n in (1, 2):
+        with nddebug.trace() as rec:
+            step(tf.constant(n))
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert not report.ok
+    row = report.culprits[report.culprits["op_type"] == "AsString"]
+    assert len(row) == 1 and "could not be compared" in row["explanation"].iloc[0]
+
+
+def test_eager_py_function_and_return_value_are_compared() -> None:
+    import random
+
+    def step():
+        value = tf.py_function(lambda: random.random(), [], tf.float32)  # Python's random
+        return float(value.numpy()) + random.random()
+
+    report = nddebug.check(step, repeats=3)
+    assert not report.ok
+    types = set(report.culprits["op_type"])
+    assert "EagerPyFunc" in types and "ReturnValue" in types
+    assert set(report.sources["op_type"]) == {"EagerPyFunc"}
+
+
+def test_same_bytes_in_another_shape_differ() -> None:
+    recs = []
+    for shape in ([2, 3], [3, 2]):
+        with nddebug.trace() as rec:
+            tf.reshape(tf.range(6.0), shape) * 1.0
+        recs.append(rec)
+    assert not nddebug.compare(recs).ok
+
+
+def test_random_streams_after_check_are_those_of_one_plain_step() -> None:
+    import random
+
+    v = tf.Variable(tf.zeros([4]))
+
+    @tf.function
+    def inner(x):
+        v.assign_add(x)
+        return tf.reduce_sum(v)
+
+    def step(x):
+        return inner(x) + float(np.random.rand() > 2) + float(random.random() > 2)
+
+    def draws() -> tuple[float, float, float]:
+        return random.random(), float(np.random.rand()), float(tf.random.uniform([]))
+
+    tf.random.set_seed(3)
+    random.seed(1)
+    np.random.seed(1)
+    step(tf.ones([4]))
+    plain = draws()
+    v.assign(tf.zeros([4]))
+    tf.random.set_seed(3)
+    random.seed(1)
+    np.random.seed(1)
+    nddebug.check(step, tf.ones([4]), state=[v], repeats=3)
+    assert draws() == plain
+    np.testing.assert_array_equal(v.numpy(), np.ones(4, np.float32))

@@ -71,7 +71,7 @@ def _resource(op_type: str, inputs: Any) -> str:
 
 def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:
     """Record one eager op execution (and, for a function call, the graph events it ran)."""
-    if op_type in ops.SKIP_OPS:
+    if op_type in ops.SKIP_EAGER_OPS:
         return
     location, site = eager_location(rec.lib_dirs)
     # TF names a function's call op after the function plus a process-specific number;
@@ -175,6 +175,52 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     if k_rerun and not blocker:
         ev.reruns = rerun.rerun_eager(rec, op_type, inputs, attrs, out_tensors, ev, capture)
     rec.append(ev, call_device=rec.recording.ops[op_id].device if function else None)
+
+
+def record_return(rec: Any, value: Any) -> None:
+    """Digest what the step returned, as a pseudo-op ("ReturnValue"): a value computed in
+    Python (a float, a NumPy array) never passes through an op, so it is compared here."""
+    import tensorflow as tf
+
+    if value is None:
+        return
+    with inside_nddebug():
+        flat = tf.nest.flatten(value)
+        digests, shapes, dtypes = [], [], []
+        for item in flat:
+            try:
+                array = np.asarray(item.numpy() if hasattr(item, "numpy") else item)
+            except Exception:  # noqa: BLE001 - not a value we can read: said, not compared
+                array = None
+            if array is None or array.dtype == object:
+                digests.append(None)
+                shapes.append([])
+                dtypes.append(type(item).__name__)
+                continue
+            digests.append(dg.digest_numpy(np.ascontiguousarray(array)))
+            shapes.append(list(array.shape))
+            dtypes.append(str(array.dtype))
+        if not flat:
+            return
+        key = "return:step"
+        op_id = rec.eager_sites.get(key)
+        if op_id is None:
+            op_id = rec.eager_sites[key] = REGISTRY.new_id()
+            rec.recording.ops[op_id] = OpInfo(
+                op_id=op_id,
+                key=key,
+                op_type="ReturnValue",
+                op_name="the step's return value",
+                graph="",
+                device="",
+                location="",
+                dtypes=dtypes,
+                shapes=shapes,
+                digestible=[d is not None for d in digests],
+                note="what the step returned",
+            )
+        seq = rec.next_seq()
+        rec.append(Event(seq, op_id, seq, digests, [], shapes))
 
 
 def record_variables(rec: Any, variables: list[Any]) -> None:

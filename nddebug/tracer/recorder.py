@@ -242,6 +242,10 @@ class Recorder:
                 self.pending.clear()
             self.recording.events.append(ev)
 
+    def record_return(self, value: Any) -> None:
+        """Digest the step's return value (see :func:`eager.record_return`)."""
+        eager.record_return(self, value)
+
     def record_variables(self, variables: list[Any]) -> None:
         """Digest the values of ``variables`` now (see :func:`eager.record_variables`)."""
         eager.record_variables(self, variables)
