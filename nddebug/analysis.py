@@ -242,7 +242,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     empty = [
         i
         for i, r in enumerate(recordings)
-        if not any(r.ops[e.op_id].op_type != "VariableState" for e in r.events)
+        if not any(r.ops[e.op_id].op_type not in PSEUDO_OPS for e in r.events)
     ]
     if empty:
         raise EmptyTraceError(

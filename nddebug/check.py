@@ -216,6 +216,9 @@ def check(
         return Report([], mode=mode, errors=[raised_from(exc)])
     # Leave the state as after one ordinary, uninstrumented step of the user's own function:
     # instrumented graphs can fuse ops differently, so their last bits need not match it.
+    from nddebug.verify import Replay
+
+    report.replay = Replay(fn, args, kwargs, state, repeats, emulate_gpu)
     keeper.restore(before)
     streams.restore()
     if advance:

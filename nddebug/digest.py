@@ -78,22 +78,58 @@ def words_of(array: np.ndarray) -> np.ndarray:
     return flat.view("<i8")
 
 
+#: Rows of BLOCK words digested at a time on the host: 256 rows = 8 MiB of data, so a digest
+#: needs a few such slices of extra memory whatever the tensor's size.
+_CHUNK_ROWS = 256
+
+
+def _word_reader(a: np.ndarray) -> tuple[int, Any]:
+    """The number of int64 words of ``a`` (see :func:`words_of`) and a function giving the
+    words [start, stop) without copying the array: only the last, zero-padded word is new."""
+    flat = a.reshape(-1)
+    if flat.dtype == np.bool_:
+        flat = flat.view(np.uint8)
+    raw = flat.view(np.uint8)
+    whole, extra = divmod(raw.size, 8)
+    main = raw[: whole * 8].view("<i8")
+    if not extra:
+        return whole, lambda start, stop: main[start:stop]
+    tail = np.zeros(8, np.uint8)
+    tail[:extra] = raw[whole * 8 :]
+    last = tail.view("<i8")
+
+    def words(start: int, stop: int) -> np.ndarray:
+        if stop <= whole:
+            return main[start:stop]
+        return np.concatenate([main[start:whole], last])
+
+    return whole + 1, words
+
+
 def digest_numpy(array: Any) -> tuple[int, int]:
     """Digest of a host array: the reference the TF kernels must match bit for bit, and the
-    path for eager tensors that already live in host memory."""
-    a = np.asarray(array)
-    u = words_of(a)
-    rows, rest = divmod(u.size, BLOCK)
+    path for eager tensors that already live in host memory. Reads the array in slices, so a
+    512 MiB tensor needs a few MiB more, not copies of itself."""
+    a = np.ascontiguousarray(np.asarray(array))
+    n, words = _word_reader(a)
+    rows, rest = divmod(n, BLOCK)
     out = []
     with np.errstate(over="ignore"):
-        for stream, vals in ((0, u), (1, u >> np.int64(32))):
+        for stream in (0, 1):
             w = _block_weights(stream)
             total = np.int64(0)
-            if rows:
-                row_sums = (vals[: rows * BLOCK].reshape(rows, BLOCK) * w).sum(axis=1)
-                total += (row_sums * _row_weights_np(np.arange(rows), stream)).sum()
+            for r0 in range(0, rows, _CHUNK_ROWS):
+                r1 = min(rows, r0 + _CHUNK_ROWS)
+                vals = words(r0 * BLOCK, r1 * BLOCK).reshape(r1 - r0, BLOCK)
+                if stream:
+                    vals = vals >> np.int64(32)
+                row_sums = (vals * w).sum(axis=1)
+                total += (row_sums * _row_weights_np(np.arange(r0, r1), stream)).sum()
             if rest:
-                last = (vals[rows * BLOCK :] * w[:rest]).sum(dtype=np.int64)
+                vals = words(rows * BLOCK, n)
+                if stream:
+                    vals = vals >> np.int64(32)
+                last = (vals * w[:rest]).sum(dtype=np.int64)
                 total += last * _row_weights_np(np.array([rows]), stream)[0]
             out.append(int(total))
         length = int(np.int64(a.size * a.dtype.itemsize) * np.int64(LENGTH_WEIGHT))

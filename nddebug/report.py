@@ -94,6 +94,8 @@ class Report:
         self.mode = mode
         #: Ops that raised instead of running (no deterministic kernel here): never "ok".
         self.errors = errors or []
+        #: How check() ran the step (a nddebug.verify.Replay), so verify() can re-run it.
+        self.replay: Any = None
         # check() on an XLA step: which program this report is of ("as compiled (XLA)" or
         # "XLA off"), and, for the XLA-off report, the report of the step as compiled.
         self.program = ""
@@ -321,9 +323,10 @@ class Report:
     def verify(
         self, script: str | None = None, args: Sequence[str] = (), runs: int = 3, **env: str
     ) -> pd.DataFrame:
-        """Re-run the step with each source's fix applied, in fresh processes (the fixes are
-        process-wide): per source "fixed", "still divergent", "raises here" or "not
-        verified" (see :func:`nddebug.verify.verify`; a check() step needs ``script``)."""
+        """Re-run the step with each source's (and risk's) fix applied: per op "fixed", "still
+        divergent", "raises here" or "not verified". A check() report re-runs its step in
+        this process with the fix switched on and back off; with ``script`` the step runs in
+        fresh processes instead (see :func:`nddebug.verify.verify`)."""
         from nddebug.verify import verify
 
         return verify(self, script=script, args=args, runs=runs, env=env)

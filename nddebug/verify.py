@@ -114,6 +114,61 @@ def run_script(
     return per_run, ""
 
 
+@dataclasses.dataclass
+class Replay:
+    """How check() ran a step, so that its report can re-run it in-process with a fix."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    repeats: int
+    emulate_gpu: bool
+
+
+def _in_process(replay: Replay, fix: str, op_types: list[str]) -> list[tuple[str, str, str, str]]:
+    """Re-check the step in this process with ``fix`` switched on at run time (the checked
+    function is retraced under it), then switch it back. State is left as it was."""
+    from tensorflow.python.framework import config
+
+    from nddebug.check import check
+
+    was = config.is_op_determinism_enabled()
+    how = {"op determinism": "op determinism on, step retraced", "seeds": "seeds set (0)"}
+    try:
+        if fix == "op determinism" and not was:
+            config.enable_op_determinism()
+        report = check(
+            replay.fn,
+            *replay.args,
+            repeats=max(3, replay.repeats),
+            state=replay.state,
+            seed=0 if fix == "seeds" else None,
+            advance=False,
+            quantify=False,
+            confirm=0,
+            emulate_gpu=replay.emulate_gpu,
+            **replay.kwargs,
+        )
+    finally:
+        if fix == "op determinism" and not was:
+            config.disable_op_determinism()
+    diverged = set(report.culprits["op_type"]) if report.recordings else set()
+    risky = set(report.risks["op_type"]) if report.recordings else set()
+    raised = {e.op_type: e.message for e in report.errors}
+    rows = []
+    for t in op_types:
+        if t in raised:
+            rows.append((t, fix, "raises here", raised[t]))
+        elif t in diverged:
+            rows.append((t, fix, "still divergent", f"in-process check, {how[fix]}"))
+        elif t in risky:
+            rows.append((t, fix, "still divergent", f"known non-deterministic with {how[fix]}"))
+        else:
+            rows.append((t, fix, "fixed", f"in-process check ({how[fix]}), {report.verdict}"))
+    return rows
+
+
 def verify(
     report: Report,
     script: str | None = None,
@@ -121,11 +176,14 @@ def verify(
     runs: int = 3,
     env: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """One row per source of ``report``: the fix applied and its verdict (see VERDICTS).
+    """One row per source (and per known culprit that ran, ``report.risks``) of ``report``:
+    the fix applied and its verdict (see VERDICTS).
 
-    The step is re-run as ``script`` in ``runs`` fresh processes with the fix's environment
-    (FIX_ENV) on top of ``env`` (e.g. the one the report was made under). Without a script
-    nothing can be re-run: every source is "not verified", and the row says why.
+    With ``script`` the step is re-run as that script in ``runs`` fresh processes with the
+    fix's environment (FIX_ENV) on top of ``env``. Without one, a report from check() re-runs
+    its step in this process: the fix is switched on at run time (op determinism; seeds),
+    the step retraced and checked again, and the setting switched back. Otherwise every
+    source is "not verified", and the row says why and which command can verify it.
     """
     import pandas as pd
 
@@ -135,15 +193,25 @@ def verify(
     groups: dict[str, list[str]] = {}
     for _, row in report.sources.iterrows():
         groups.setdefault(fix_for(row), []).append(str(row["op_type"]))
+    if report.recordings:
+        for _, row in report.risks.iterrows():
+            t = str(row["op_type"])
+            fix = fix_for(row)
+            if t not in groups.get(fix, []):
+                groups.setdefault(fix, []).append(t)
     for raised in getattr(report, "errors", []):
         rows.append((raised.op_type, "op determinism", "raises here", raised.message))
+    replay = getattr(report, "replay", None)
     for fix, op_types in groups.items():
+        if fix and script is None and replay is not None:
+            rows += _in_process(replay, fix, op_types)
+            continue
         if not fix or script is None:
             why = (
                 "the advice names no fix to apply automatically"
                 if not fix
-                else "no script: a check() step is a Python callable, and this fix is "
-                "process-wide; pass script= to re-run it in fresh processes"
+                else "no step to re-run: this report was not made by check(); pass "
+                "script= (or run `nddebug run --verify SCRIPT`) to re-run it in fresh processes"
             )
             rows += [(t, fix, "not verified", why) for t in op_types]
             continue

@@ -63,8 +63,23 @@ def test_a_fix_that_raises_on_the_emulated_gpu_is_reported_as_such() -> None:
     assert "CropAndResizeBackpropImage not available" in row["detail"]
 
 
-def test_without_a_script_nothing_is_claimed() -> None:
-    table = _crop_report().verify()
+def test_a_check_report_is_verified_in_this_process() -> None:
+    """verify() of a check() report re-runs its step here with op determinism switched on
+    (the step retraced under it) and switches it back off."""
+    from tensorflow.python.framework import config
+
+    report = _crop_report()
+    table = report.verify()
+    crop = table[table["op_type"] == "CropAndResizeGradImage"].iloc[0]
+    assert crop["fix"] == "op determinism" and crop["verdict"] == "fixed", table.to_string()
+    assert "in-process" in crop["detail"]
+    assert not config.is_op_determinism_enabled()
+
+
+def test_without_a_step_or_a_script_nothing_is_claimed() -> None:
+    report = _crop_report()
+    recorded = nddebug.compare(report.recordings)  # recordings alone: no step to re-run
+    table = recorded.verify()
     assert set(table["verdict"]) == {"not verified"}
     crop = table[table["op_type"] == "CropAndResizeGradImage"].iloc[0]
     assert "pass script=" in crop["detail"]

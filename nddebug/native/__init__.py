@@ -119,6 +119,16 @@ class Native:
         n = self.clib.nddebug_drain(ctypes.byref(ptr))
         return ptr[:n] if n else []
 
+    def digest_array(self, array: Any) -> tuple[int, int]:
+        """The digest of a host NumPy array, read in place (no copy) by the C++ code."""
+        import numpy as np
+
+        a = np.ascontiguousarray(array)
+        out = (ctypes.c_int64 * 2)()
+        ptr = ctypes.cast(a.ctypes.data, ctypes.c_char_p)
+        self.clib.nddebug_digest_bytes(ptr, a.nbytes, out)
+        return int(out[0]), int(out[1])
+
     def digest_bytes(self, data: bytes | memoryview) -> tuple[int, int]:
         """The digest of host bytes, through the same C++ code as the op (for tests)."""
         buf = bytes(data)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from nddebug import digest as dg
+from nddebug import native
 from nddebug.recording import NOT_COMPARED, OPAQUE, Event, OpInfo
 from nddebug.tracer import opaque, ops, rerun
 from nddebug.tracer.location import eager_location
@@ -32,9 +33,14 @@ def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
     device = getattr(tensor, "device", "") or ""
     if "GPU" not in device.upper() and "TPU" not in device.upper():
         try:
-            return dg.digest_numpy(tensor.numpy())
+            array = tensor.numpy()
         except (TypeError, ValueError, tf.errors.OpError):
-            pass
+            array = None
+        if array is not None:
+            lib = native.load() if native.enabled() else None
+            if lib is not None and array.dtype != object:
+                return lib.digest_array(array)  # in place, at memory speed
+            return dg.digest_numpy(array)
     with tf.device(device or None):
         fn = dg.eager_digest_fn(dtype, tuple(tensor.shape), dg.use_matmul_for(device))
         values = fn(tensor).numpy()
@@ -187,6 +193,7 @@ def record_return(rec: Any, value: Any) -> None:
     with inside_nddebug():
         flat = tf.nest.flatten(value)
         digests, shapes, dtypes = [], [], []
+        device = next((t.device for t in flat if getattr(t, "device", "")), "") or "/device:CPU:0"
         for item in flat:
             try:
                 array = np.asarray(item.numpy() if hasattr(item, "numpy") else item)
@@ -212,7 +219,7 @@ def record_return(rec: Any, value: Any) -> None:
                 op_type="ReturnValue",
                 op_name="the step's return value",
                 graph="",
-                device="",
+                device=device,
                 location="",
                 dtypes=dtypes,
                 shapes=shapes,
