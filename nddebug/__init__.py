@@ -31,17 +31,22 @@ from nddebug.report import Report
 
 
 def trace(
-    label: str = "", path: str | None = None, rerun: int = 0, emulate_gpu: bool = False
+    label: str = "",
+    path: str | None = None,
+    rerun: int = 0,
+    emulate_gpu: bool = False,
+    detail: str | None = None,
 ) -> Any:
     """Record every TensorFlow op run in the block: ``with nddebug.trace() as rec: step()``.
 
     With ``rerun=k`` every stateless op also runs k more times on its own inputs; with
-    ``emulate_gpu`` the block rehearses a GPU (:func:`nddebug.emulate_gpu`). See
-    :func:`nddebug.tracer.trace`.
+    ``emulate_gpu`` the block rehearses a GPU (:func:`nddebug.emulate_gpu`); with
+    ``detail="steps"`` one digest per step is kept instead of every op execution (long runs).
+    See :func:`nddebug.tracer.trace`.
     """
     from nddebug.tracer import trace as _trace
 
-    return _trace(label=label, path=path, rerun=rerun, emulate_gpu=emulate_gpu)
+    return _trace(label=label, path=path, rerun=rerun, emulate_gpu=emulate_gpu, detail=detail)
 
 
 __all__ = [

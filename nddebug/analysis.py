@@ -242,7 +242,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     empty = [
         i
         for i, r in enumerate(recordings)
-        if not any(r.ops[e.op_id].op_type not in PSEUDO_OPS for e in r.events)
+        if not any(r.ops[e.op_id].op_type not in ("VariableState", "ReturnValue") for e in r.events)
     ]
     if empty:
         raise EmptyTraceError(
@@ -400,12 +400,17 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
         return False
 
     explained = any(f.op.op_type not in PSEUDO_OPS for f in findings)
+    steps = [f for f in findings if f.op.op_type == "Step"]
+    first_step = min(steps, key=lambda f: f.first_seq) if steps else None
     for f in findings:
         if f.role != "source":
             continue
         if f.op.op_type == "ReadVariableOp" and after_divergent_write(f):
             f.role = "propagated"
         elif f.op.op_type == "ReturnValue" and explained:
+            f.role = "propagated"
+        elif f.op.op_type == "Step" and f is not first_step:
+            # Steps after the first divergent one may only carry it on.
             f.role = "propagated"
         elif CONTAINER_OPS.match(f.op.op_type) and explained_elsewhere(f, findings):
             # A TensorList, TensorArray or Optional hands on what was put into it: its
@@ -417,7 +422,7 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
 
 
 #: Pseudo-ops check() adds after the step: the variables' values and the step's return value.
-PSEUDO_OPS = ("VariableState", "ReturnValue")
+PSEUDO_OPS = ("VariableState", "ReturnValue", "Step")
 
 #: Ops that take a container (a variant: TensorList, TensorArray, Optional, TensorMap) and hand
 #: on what it holds.
@@ -551,6 +556,8 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.kind = f.culprit.kind if f.culprit else "numerical"
         if op.op_type == "VariableState":
             f.explanation = "the variable's value after the step: changed by the ops above"
+        elif op.op_type == "Step":
+            f.explanation = "a later step, after the first divergent one: it may only carry it on"
         elif op.op_type == "ReturnValue":
             f.explanation = "what the step returned: computed from the ops above"
         elif op.function or op.op_type in CALL_OPS:
@@ -570,6 +577,13 @@ def _explain(f: OpFinding, device: str = "") -> None:
         return
     if op.function in OPAQUE:
         _explain_opaque(f, device)
+        return
+    if op.op_type == "Step":
+        f.kind = "other"
+        f.explanation = (
+            "the op executions of this step differ (recorded as one digest per step): record "
+            "this step in full to name the op — `nddebug run --bisect` does it for you"
+        )
         return
     if op.op_type == "ReturnValue":
         f.kind = "other"

@@ -101,6 +101,18 @@ def _parser() -> argparse.ArgumentParser:
         help="show the runs' standard output and error (on standard error) as they come; "
         "otherwise only the last lines of a failed run's standard error are shown",
     )
+    run.add_argument(
+        "--steps",
+        action="store_true",
+        help="keep one digest per step instead of every op execution (very long runs): "
+        "says at which step the runs first part, not which op",
+    )
+    run.add_argument(
+        "--bisect",
+        action="store_true",
+        help="--steps, then run the script twice more recording only the first divergent "
+        "step in full, to name the op (the script must replay deterministically up to it)",
+    )
     run.add_argument("--format", choices=["text", "html", "csv", "json"], default="text")
     run.add_argument("script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -291,6 +303,28 @@ def _check_output(output: str | None) -> None:
                 raise UsageError(f"-o {output}: exists and is not a recording")
 
 
+def _run_env(args: argparse.Namespace, extra: dict[str, str], i: int) -> dict[str, str]:
+    """The environment of run ``i``: the user's, the options', and what nddebug sets."""
+    from nddebug.tracer import DETAIL_ENV, EMULATE_ENV
+
+    env = {**os.environ, **extra}
+    seed = _hashseed(args.hashseed, i)
+    if seed is not None:
+        env["PYTHONHASHSEED"] = seed
+    if args.deterministic:
+        env["TF_DETERMINISTIC_OPS"] = "1"
+    if args.all:
+        env["NDDEBUG_TRACE_ALL"] = "1"
+    if args.emulate_gpu:
+        env[EMULATE_ENV] = "1"
+    if args.steps or args.bisect:
+        env[DETAIL_ENV] = "steps"
+    if args.show_output:
+        env.setdefault("PYTHONUNBUFFERED", "1")  # its output as it comes
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
 def _run(args: argparse.Namespace) -> int:
     from nddebug.storage import save
     from nddebug.tracer import EMULATE_ENV
@@ -317,20 +351,7 @@ def _run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="nddebug-run-") as tmp:
         try:
             for i in range(args.runs):
-                env = {**os.environ, **extra}
-                seed = _hashseed(args.hashseed, i)
-                if seed is not None:
-                    env["PYTHONHASHSEED"] = seed
-                if args.deterministic:
-                    env["TF_DETERMINISTIC_OPS"] = "1"
-                if args.all:
-                    env["NDDEBUG_TRACE_ALL"] = "1"
-                if args.emulate_gpu:
-                    env[EMULATE_ENV] = "1"
-                if args.show_output:
-                    env.setdefault("PYTHONUNBUFFERED", "1")  # its output as it comes
-                env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-                per_run.append(_one_run(args, env, i, tmp))
+                per_run.append(_one_run(args, _run_env(args, extra, i), i, tmp))
                 if args.output:
                     # Saved as each run ends: a later run's failure or Ctrl-C loses none.
                     try:
@@ -363,8 +384,69 @@ def _run(args: argparse.Namespace) -> int:
         print("\nFixes, verified in fresh runs:")
         print(table.to_string(index=False))
 
-    return _compare_blocks(
+    status = _compare_blocks(
         per_run, args.format, print, mode="processes", verify=verify if args.verify else None
+    )
+    if args.bisect and status == FOUND and workers == 1:
+        status = max(status, _bisect(args, extra, per_run))
+    return status
+
+
+def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any]) -> int:
+    """Second pass of --bisect: for each block whose runs part at a step, run the script
+    twice more recording that step in full (the steps before it as digests, to check that the
+    replay reproduced them) and print the op-level report of that step."""
+    import copy
+
+    from nddebug.check import compare
+    from nddebug.tracer import DETAIL_ENV
+
+    status = OK
+    blocks = min(len(run[0]) for run in per_run)
+    for b in range(blocks):
+        first = compare([run[0][b] for run in per_run]).first_divergence
+        if first is None or first.step is None:
+            continue
+        k = first.step
+        print(
+            f"\n=== --bisect: step {k} of trace block {b + 1}, recorded in full in 2 fresh runs ==="
+        )
+        again = copy.copy(args)
+        again.runs = 2
+        second = []
+        with tempfile.TemporaryDirectory(prefix="nddebug-bisect-") as tmp:
+            for i in range(2):
+                env = {**_run_env(args, extra, i), DETAIL_ENV: f"step:{k}"}
+                second.append(_one_run(again, env, i, tmp))
+        recs = [run[0][b] for run in second if b < len(run[0])]
+        if len(recs) < 2:
+            print("(the second pass did not record this block: nothing to compare)")
+            continue
+        replayed = _replayed(per_run[0][0][b], recs[0], k)
+        if replayed:
+            print(f"warning: {replayed}")
+        report = compare(recs)
+        report.mode = "processes"
+        print(render(report, args.format))
+        status = max(status, OK if report.ok else FOUND)
+    return status
+
+
+def _replayed(first_pass: Any, second_pass: Any, k: int) -> str:
+    """ "" when the second pass reproduced the first pass's steps before ``k`` bit for bit,
+    else what to do about it."""
+    from nddebug.tracer.steps import STEP_OP
+
+    def folded(rec: Any) -> list[Any]:
+        return [ev.digests for ev in rec.events if rec.ops[ev.op_id].op_type == STEP_OP]
+
+    before = folded(first_pass)[: k - 1]
+    if folded(second_pass)[: k - 1] == before:
+        return ""
+    return (
+        f"the second pass did not replay steps 1 to {k - 1} as the first did: the script "
+        "must be deterministic up to that step (seeds, data order, no clock or PYTHONHASHSEED "
+        "in the inputs), or the op named below may belong to another divergence"
     )
 
 

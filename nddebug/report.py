@@ -417,6 +417,12 @@ def _row(f: Any) -> dict[str, Any]:
                 if op.function == "xla"
                 else " " + knowledge.advice("uninstrumented function")
             )
+    elif op.op_type == "Step":
+        known = "a step recorded as one digest: its ops are not named"
+        fix = (
+            "Record the first divergent step in full: `nddebug run --bisect SCRIPT` does it in "
+            "two more fresh runs; or trace(detail='step:K') in two runs and compare them."
+        )
     elif op.op_type == "VariableState":
         known = "not in the known list"
         fix = (

@@ -18,6 +18,9 @@ from typing import Any
 
 from nddebug.recording import Event, Recording
 
+#: The pseudo-op of a step folded into one digest (nddebug.tracer.steps.STEP_OP).
+STEP_OP = "Step"
+
 SPARK = " ▁▂▃▄▅▆▇█"
 
 
@@ -51,19 +54,26 @@ class FirstDivergence:
 
 
 def step_calls(rec: Recording) -> list[int]:
-    """The seqs of the reference run's step calls, in order (empty: no steps)."""
+    """The seqs of the reference run's step calls, in order (empty: no steps). A run recorded
+    with ``detail="steps"`` or ``"step:K"`` has its folded steps as ``Step`` pseudo-executions:
+    each is a step too, and comes before the calls recorded in full."""
     calls: Counter[str] = Counter()
     first: dict[str, int] = {}
     eager = [ev for ev in rec.events if ev.call == ev.seq]
+    folded = []
     for ev in eager:
         op = rec.ops.get(ev.op_id)
-        if op is not None and (op.function or op.op_type == "Session.run"):
+        if op is None:
+            continue
+        if op.op_type == STEP_OP:
+            folded.append(ev.seq)
+        elif op.function or op.op_type == "Session.run":
             calls[op.key] += 1
             first.setdefault(op.key, ev.seq)
     if not calls:
-        return []
+        return folded
     top = max(calls, key=lambda k: (calls[k], -first[k]))
-    return [ev.seq for ev in eager if rec.ops[ev.op_id].key == top]
+    return sorted(folded + [ev.seq for ev in eager if rec.ops[ev.op_id].key == top])
 
 
 def step_of(steps: list[int], call_seq: int) -> int | None:

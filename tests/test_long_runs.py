@@ -17,7 +17,7 @@ from nddebug.timeline import sparkline, step_of
 from tests.helpers import subprocess_env
 
 
-def _loop(steps: int, differ_at: int | None, value: float = 0.9) -> list[Any]:
+def _loop(steps: int, differ_at: int | None, value: float = 0.9, detail: str = "ops") -> list[Any]:
     """Two runs of a ``steps``-step loop; in the second, call ``differ_at`` alone gets an input
     that differs (as a value read from outside TensorFlow would)."""
     w = tf.Variable(tf.ones([8, 8]) * 0.1)
@@ -32,7 +32,7 @@ def _loop(steps: int, differ_at: int | None, value: float = 0.9) -> list[Any]:
     recs = []
     for run in range(2):
         w.assign(tf.ones([8, 8]) * 0.1)
-        with nddebug.trace() as rec:
+        with nddebug.trace(detail=detail) as rec:
             for k in range(1, steps + 1):
                 x = np.full([4, 8], 0.5, np.float32)
                 if run == 1 and k == differ_at:
@@ -97,32 +97,33 @@ def test_step_numbering_and_sparkline() -> None:
     assert len(sparkline(list(range(1000)), width=50)) <= 50
 
 
+_PER_PROCESS_LOOP = textwrap.dedent(
+    """
+    import random
+    import numpy as np, tensorflow as tf, nddebug
+
+    w = tf.Variable(tf.ones([8, 8]) * 0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+        w.assign_sub(0.05 * tape.gradient(loss, w))
+        return loss
+
+    with nddebug.trace():
+        for k in range(1, 61):
+            x = np.full([4, 8], 0.5, np.float32)
+            if k == 41:
+                x[0, 0] = random.SystemRandom().uniform(0.6, 0.9)  # per process
+            step(tf.constant(x))
+    """
+)
+
+
 def test_nddebug_run_names_the_step_where_processes_part(tmp_path: Any) -> None:
     script = tmp_path / "loop.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import random
-            import numpy as np, tensorflow as tf, nddebug
-
-            w = tf.Variable(tf.ones([8, 8]) * 0.1)
-
-            @tf.function
-            def step(x):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
-                w.assign_sub(0.05 * tape.gradient(loss, w))
-                return loss
-
-            with nddebug.trace():
-                for k in range(1, 61):
-                    x = np.full([4, 8], 0.5, np.float32)
-                    if k == 41:
-                        x[0, 0] = random.SystemRandom().uniform(0.6, 0.9)  # per process
-                    step(tf.constant(x))
-            """
-        )
-    )
+    script.write_text(_PER_PROCESS_LOOP)
     proc = subprocess.run(
         [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
         capture_output=True,
@@ -135,3 +136,47 @@ def test_nddebug_run_names_the_step_where_processes_part(tmp_path: Any) -> None:
     summary = json.loads(proc.stdout)["summary"]
     assert summary["first_divergence"]["step"] == 41
     assert summary["first_divergence"]["steps"] == 60
+
+
+def test_per_step_digests_find_the_step_and_one_step_in_full_names_the_op() -> None:
+    """Two levels: one digest per step says where the runs part at a few bytes a step; the
+    same loop with only that step recorded in full names the op."""
+    cheap = nddebug.compare(_loop(200, differ_at=137, detail="steps"))
+    assert all(len(r.events) == 200 for r in cheap.recordings)  # one execution per step
+    fd = cheap.first_divergence
+    assert fd is not None and fd.step == 137 and fd.op_type == "Step"
+    assert "--bisect" in str(cheap)
+    full = nddebug.compare(_loop(200, differ_at=137, detail="step:137"))
+    fd = full.first_divergence
+    assert fd is not None and fd.step == 137 and fd.op_type == "MatMul"
+    assert set(full.sources["op_type"]) == {"MatMul"}
+    # Steps before 137 are digests, step 137 is in full, nothing after it is kept.
+    kinds = [r.ops[e.op_id].op_type for r in full.recordings[:1] for e in r.events]
+    assert kinds.count("Step") == 136 and "MatMul" in kinds
+
+
+def test_a_bad_detail_is_refused_before_anything_runs() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="detail"):
+        with nddebug.trace(detail="step:0"):
+            raise AssertionError("the block must not run")
+
+
+def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: Any) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(_PER_PROCESS_LOOP)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--bisect", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    first, _, second = proc.stdout.partition("=== --bisect: step 41")
+    assert second, proc.stdout
+    assert "first part at step 41 of 60, in Step" in first
+    assert "first part at step 41" in second and "in MatMul" in second
+    assert "did not replay" not in proc.stdout

@@ -13,12 +13,13 @@ The parts, by file:
 - :mod:`~nddebug.tracer.ops`, :mod:`~nddebug.tracer.location`: facts about ops and user code.
 """
 
-from nddebug.tracer.block import EMULATE_ENV, LABEL_ENV, RECORD_ENV, trace
+from nddebug.tracer.block import DETAIL_ENV, EMULATE_ENV, LABEL_ENV, RECORD_ENV, trace
 from nddebug.tracer.eager import digest_eager_tensor
 from nddebug.tracer.recorder import Recorder
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
 __all__ = [
+    "DETAIL_ENV",
     "EMULATE_ENV",
     "LABEL_ENV",
     "RECORD_ENV",

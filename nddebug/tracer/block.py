@@ -10,11 +10,13 @@ from collections.abc import Iterator
 
 from nddebug import digest as dg
 from nddebug.recording import Recording
+from nddebug.tracer import steps
 from nddebug.tracer.recorder import Recorder
 
 RECORD_ENV = "NDDEBUG_RECORD"  # set by `nddebug run` for the processes it starts
 LABEL_ENV = "NDDEBUG_LABEL"
 EMULATE_ENV = "NDDEBUG_EMULATE_GPU"  # set by `nddebug run --emulate-gpu`
+DETAIL_ENV = "NDDEBUG_DETAIL"  # set by `nddebug run --steps / --bisect`
 
 
 @contextlib.contextmanager
@@ -24,6 +26,7 @@ def trace(
     rerun: int = 0,
     emulate_gpu: bool = False,
     record_env: bool = True,
+    detail: str | None = None,
 ) -> Iterator[Recording]:
     """Record every TensorFlow op executed in the block.
 
@@ -35,16 +38,24 @@ def trace(
     ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`. ``record_env=False``
     (check()'s own runs) keeps the block out of the file `nddebug run` asks for: a script's
     check() compares its runs itself, and its warm-up is no block of the script's.
+    ``detail="steps"`` keeps one digest per step instead of every op execution (very long
+    runs), ``detail="step:K"`` step K in full and the steps before it as digests (see
+    :mod:`nddebug.tracer.steps`); `nddebug run` sets it through NDDEBUG_DETAIL.
     """
     if emulate_gpu or os.environ.get(EMULATE_ENV) == "1":
         from nddebug import emulate
 
         if not emulate.is_active():
-            with emulate.emulate_gpu(), trace(label, path, rerun, record_env=record_env) as rec:
+            with emulate.emulate_gpu(), trace(
+                label, path, rerun, record_env=record_env, detail=detail
+            ) as rec:
                 yield rec
             return
     if rerun < 0:
         raise ValueError(f"rerun must be a number of extra executions >= 0, got {rerun}")
+    if detail is None:
+        detail = os.environ.get(DETAIL_ENV, "ops") if record_env else "ops"
+    steps.parse(detail)  # a bad value fails here, before anything runs
     from nddebug import environment
 
     # `nddebug run` asks every trace block of the script it runs to save into one file.
@@ -53,7 +64,7 @@ def trace(
         label = label or os.environ.get(LABEL_ENV, "")
     rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
     rec.environment = environment.capture()
-    recorder = Recorder(rec, rerun=rerun)
+    recorder = Recorder(rec, rerun=rerun, detail=detail)
     recorder.start()
     try:
         yield rec

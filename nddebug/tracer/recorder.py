@@ -17,6 +17,7 @@ from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, Recording
 from nddebug.tracer import eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
+from nddebug.tracer.steps import StepFolder
 
 
 class Recorder:
@@ -30,8 +31,10 @@ class Recorder:
     active: Recorder | None = None
     _starting = threading.Lock()
 
-    def __init__(self, recording: Recording, rerun: int = 0) -> None:
+    def __init__(self, recording: Recording, rerun: int = 0, detail: str = "ops") -> None:
         self.recording = recording
+        # trace(detail=...): every op execution, or one digest per step (see tracer.steps).
+        self.steps = StepFolder(detail)
         # Extra executions of every re-executable op on its own inputs (trace(rerun=k)).
         self.rerun = rerun
         self._seq = itertools.count()
@@ -173,6 +176,8 @@ class Recorder:
             self.recording.events.extend(self.pending)
             self.pending.clear()
         self.recording.events.sort(key=lambda e: e.seq)
+        if self.steps.active:
+            self.steps.finish(self)
         self.eager_digests.clear()
         if self.xla_functions:
             ops.warn_once(self.recording, xla_warning(self.xla_functions))
@@ -241,6 +246,8 @@ class Recorder:
                         inner.device = call_device
                 self.pending.clear()
             self.recording.events.append(ev)
+            if call_device is not None and self.steps.active:
+                self.steps.end_step(self)
 
     def record_return(self, value: Any) -> None:
         """Digest the step's return value (see :func:`eager.record_return`)."""

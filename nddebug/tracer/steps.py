@@ -1,0 +1,111 @@
+"""Per-step digests for very long runs (``trace(detail="steps")``) and the one step recorded in
+full when two runs part (``trace(detail="step:K")``, what ``nddebug run --bisect`` uses).
+
+A step ends with each top-level call (a function call or a ``Session.run``); the eager ops
+before a call belong to its step. In steps mode every op execution of a step is folded into
+one pseudo-execution of the pseudo-op ``Step``: the sum of a 64-bit hash of each execution's
+op key and output digests, with the count, so a 100k-step run is 100k rows. The fold is a
+sum, not a chain: graph ops of one call record in the order threads finish them, so the same
+step must fold to the same value whatever that order was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from nddebug.recording import Event, OpInfo
+
+STEP_OP = "Step"
+STEP_KEY = "step"
+_MASK = (1 << 64) - 1
+
+
+def parse(detail: str) -> tuple[str, int | None]:
+    """``"ops"`` (every op execution), ``"steps"`` (one digest per step) or ``"step:K"``
+    (step K in full, the steps before it as digests, nothing after it)."""
+    if detail in ("ops", "steps"):
+        return detail, None
+    if detail.startswith("step:"):
+        try:
+            k = int(detail.split(":", 1)[1])
+        except ValueError:
+            k = 0
+        if k >= 1:
+            return "step", k
+    raise ValueError(f"detail must be 'ops', 'steps' or 'step:K' with K >= 1, got {detail!r}")
+
+
+def _hash(key: str, digests: list[Any]) -> int:
+    text = f"{key}|{digests!r}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+class StepFolder:
+    """Folds a recording's events step by step, as the recorder appends them."""
+
+    def __init__(self, detail: str) -> None:
+        self.mode, self.keep = parse(detail)
+        self.step = 0  # steps completed so far
+        self.start = 0  # index in recording.events where the current step began
+        self.op_id: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "ops"
+
+    def end_step(self, recorder: Any) -> None:
+        """A top-level call was just appended: its step is complete."""
+        self.step += 1
+        self._close(recorder, self.step)
+
+    def finish(self, recorder: Any) -> None:
+        """The block ended: eager ops after the last call form one last step."""
+        if len(recorder.recording.events) > self.start:
+            self.step += 1
+            self._close(recorder, self.step)
+
+    def _close(self, recorder: Any, step: int) -> None:
+        events = recorder.recording.events
+        mine = events[self.start :]
+        if self.mode == "step" and step == self.keep:
+            self.start = len(events)  # this step in full
+            return
+        del events[self.start :]
+        if self.mode == "step" and step > self.keep:
+            self.start = len(events)  # after the step of interest: nothing is kept
+            return
+        total, count = 0, 0
+        ops = recorder.recording.ops
+        for ev in mine:
+            op = ops.get(ev.op_id)
+            total = (total + _hash(op.key if op is not None else str(ev.op_id), ev.digests)) & _MASK
+            count += 1
+        seq = recorder.next_seq()
+        events.append(Event(seq, self._step_op(recorder), seq, [(_signed(total), count)], []))
+        self.start = len(events)
+
+    def _step_op(self, recorder: Any) -> int:
+        if self.op_id is None:
+            from nddebug.tracer.registry import REGISTRY
+
+            self.op_id = REGISTRY.new_id()
+            recorder.recording.ops[self.op_id] = OpInfo(
+                op_id=self.op_id,
+                key=STEP_KEY,
+                op_type=STEP_OP,
+                op_name="all op executions of one step",
+                graph="",
+                device="",
+                location="",
+                dtypes=["int64"],
+                shapes=[[2]],
+                digestible=[True],
+                note="per-step digest (trace(detail='steps')): record the step in full to "
+                "name its ops",
+            )
+        return self.op_id
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
