@@ -83,6 +83,19 @@ class Comparison:
     warnings: list[str]
 
 
+#: Ops that create variables: a run that made them did work the later runs of one process skip.
+VARIABLE_CREATION = frozenset({"VarHandleOp", "VariableV2", "VarIsInitializedOp"})
+
+
+def first_run_setup(findings: list[OpFinding], first_only: set[str]) -> set[str]:
+    """The keys of ops that ran in the first run only, when that run created variables: one
+    first-call setup (Keras builds optimizer slots and loss trackers on the first fit), not a
+    path the program took by chance."""
+    if not any(f.key in first_only and f.op.op_type in VARIABLE_CREATION for f in findings):
+        return set()
+    return {f.key for f in findings if f.key in first_only and f.role == "control flow"}
+
+
 def _identity(ev: Event) -> Any:
     """What must be equal for two executions to agree: the output digests, and the shapes
     where they were recorded (eager ops: the same bytes in another shape differ)."""
@@ -220,7 +233,7 @@ def not_rerun(rec: Recording) -> dict[str, list[str]]:
     out: dict[str, set[str]] = defaultdict(set)
     for op_id in {ev.op_id for ev in rec.events} - covered:
         op = rec.ops[op_id]
-        if op.op_type == "VariableState" or op.function or op.rerun == RERUN_INNER:
+        if op.op_type in PSEUDO_OPS or op.function or op.rerun == RERUN_INNER:
             continue
         reason = op.rerun or "traced before the rerun block: its graph has no copies to re-run"
         out[reason].add(op.op_type)
@@ -259,6 +272,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     ref_seq = {u: ev.seq for u, ev in per_run_units[0].items()}
     findings: list[OpFinding] = []
     unreadable: set[str] = set()
+    first_only: set[str] = set()  # ops that ran in the first run only
     order_only: list[str] = []
     for key, units in by_key.items():
         units.sort()
@@ -301,6 +315,11 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             differing_runs.update(
                 r for r, pu in enumerate(per_run_units) if any(u not in pu for u in missing)
             )
+            if all(
+                u in per_run_units[0] and not any(u in pu for pu in per_run_units[1:])
+                for u in missing
+            ):
+                first_only.add(key)
         first_seq = min((ref_seq.get(u, 1 << 62) for u in chosen), default=1 << 62)
         findings.append(
             OpFinding(
@@ -326,8 +345,16 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             if f.role == "source" and f.op.op_type in CALL_OPS:
                 f.role = "propagated"
     device = recordings[0].environment.get("emulated_device", "")
+    setup = first_run_setup(findings, first_only)
     for f in findings:
         _explain(f, device)
+        if f.key in setup:
+            f.explanation = (
+                "ran in the first run only, which created variables (a first call builds the "
+                "optimizer's slots, metrics and loss trackers) that the later runs reused: "
+                "make one call before recording, or compare runs that each start fresh "
+                "(nddebug run)"
+            )
         if f.key in unreadable and f.role == "propagated":
             f.explanation = (
                 "its inputs differed and its outputs could not be compared (strings or other "

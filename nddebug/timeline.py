@@ -38,6 +38,11 @@ class FirstDivergence:
     index: int  # 0-based position of the execution among the reference run's executions
     explanation: str = ""
 
+    def sentence(self) -> str:
+        """:meth:`describe` as a sentence of its own."""
+        text = self.describe()
+        return text[0].upper() + text[1:] + "."
+
     def describe(self) -> str:
         """The sentence a report opens with."""
         where = f"{self.op_type} ({self.location or self.op_name or self.key})"
@@ -47,7 +52,7 @@ class FirstDivergence:
             at = f"at step {self.step} of {self.steps}"
         text = f"the runs first part {at}, in {where}, a {self.role}"
         if self.explanation:
-            text += f": {self.explanation}"
+            text += f": {self.explanation.rstrip('.')}"
         if self.step is not None and self.step > 1:
             text += f". Steps 1 to {self.step - 1} agree bit for bit"
         return text

@@ -19,12 +19,14 @@ N_OPS = 60
 
 
 def _chain():
-    """A fresh tf.function of N_OPS dependent multiplies (and a loop of 5 iterations)."""
+    """A fresh tf.function of N_OPS dependent multiplies (and a loop of 5 iterations). Each
+    product is read by a Tanh: a product read only by another product or a sum is not
+    digested (grappler may merge the chain; see nddebug.tracer.instrument.ARITHMETIC)."""
 
     @tf.function
     def chain(x):
         for _ in range(N_OPS):
-            x = x * 1.5
+            x = tf.tanh(x * 1.5)
         i = tf.constant(0)
         while i < 5:
             x = x + 1.0
@@ -118,7 +120,7 @@ from nddebug import native
 from nddebug.tracer import transport
 @tf.function
 def f(x):
-    return x * 2.0 + 1.0
+    return tf.sin(x * 2.0) + 1.0
 with nddebug.trace() as rec:
     f(tf.constant([1.0, 2.0]))
 warned = sum("native ops could not be built" in w for w in rec.warnings)
@@ -126,8 +128,8 @@ print(json.dumps([len(rec.events), transport.COUNTS["callbacks"], warned, native
 """
     env = {"NDDEBUG_CACHE_DIR": str(tmp_path), "CXX": "nddebug-no-such-compiler"}
     env["NDDEBUG_NATIVE"] = "1"
-    # Mul and AddV2 by host callback, and the call itself; one warning; no library
-    assert run_python(code, env=env) == [3, 2, 1, True]
+    # Mul, Sin and AddV2 by host callback, and the call itself; one warning; no library
+    assert run_python(code, env=env) == [4, 3, 1, True]
 
 
 def test_native_graph_digests_and_records_each_op_with_one_op():

@@ -105,9 +105,8 @@ def _render(report: Report) -> str:
             f"{html.escape(p.reference_op)} vs {html.escape(p.other_op)}</p>"
         )
     fd = report.first_divergence
-    if fd is not None:
-        text = fd.describe()
-        parts.append(f'<p class="first">{html.escape(text[0].upper() + text[1:])}.</p>')
+    if fd is not None and fd.steps > 1:  # one step: the table below says it all
+        parts.append(f'<p class="first">{html.escape(fd.sentence())}</p>')
         parts.append(step_picture(report.timeline, fd.step))
     parts.append(picture(report))
     df = report.own_culprits

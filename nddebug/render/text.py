@@ -92,8 +92,8 @@ def _render(report: Report) -> str:
         lines += [f"  raises: {e.summary}.", *_wrap("  error: ", e.message)]
         lines += _wrap("  instead: ", e.fix)
     fd = report.first_divergence
-    if fd is not None:
-        lines += _wrap("", fd.describe()[0].upper() + fd.describe()[1:] + ".")
+    if fd is not None and fd.steps > 1:  # one step: the table below says it all
+        lines += _wrap("", fd.sentence())
         counts = report.timeline
         if len(counts) > 1:
             lines.append(

@@ -46,9 +46,10 @@ def trace(
         from nddebug import emulate
 
         if not emulate.is_active():
-            with emulate.emulate_gpu(), trace(
-                label, path, rerun, record_env=record_env, detail=detail
-            ) as rec:
+            with (
+                emulate.emulate_gpu(),
+                trace(label, path, rerun, record_env=record_env, detail=detail) as rec,
+            ):
                 yield rec
             return
     if rerun < 0:

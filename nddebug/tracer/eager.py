@@ -183,6 +183,39 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     rec.append(ev, call_device=rec.recording.ops[op_id].device if function else None)
 
 
+def _pseudo_op(
+    rec: Any,
+    key: str,
+    op_type: str,
+    op_name: str,
+    device: str,
+    dtypes: list[str],
+    shapes: list[Any],
+    digestible: list[bool],
+    note: str,
+    resource: str = "",
+) -> int:
+    """The op id of a pseudo-op check() records after the step (made on its first use)."""
+    op_id = rec.eager_sites.get(key)
+    if op_id is None:
+        op_id = rec.eager_sites[key] = REGISTRY.new_id()
+        rec.recording.ops[op_id] = OpInfo(
+            op_id=op_id,
+            key=key,
+            op_type=op_type,
+            op_name=op_name,
+            graph="",
+            device=device,
+            location="",
+            dtypes=dtypes,
+            shapes=shapes,
+            digestible=digestible,
+            note=note,
+            resource=resource,
+        )
+    return op_id
+
+
 def record_return(rec: Any, value: Any) -> None:
     """Digest what the step returned, as a pseudo-op ("ReturnValue"): a value computed in
     Python (a float, a NumPy array) never passes through an op, so it is compared here."""
@@ -209,23 +242,17 @@ def record_return(rec: Any, value: Any) -> None:
             dtypes.append(str(array.dtype))
         if not flat:
             return
-        key = "return:step"
-        op_id = rec.eager_sites.get(key)
-        if op_id is None:
-            op_id = rec.eager_sites[key] = REGISTRY.new_id()
-            rec.recording.ops[op_id] = OpInfo(
-                op_id=op_id,
-                key=key,
-                op_type="ReturnValue",
-                op_name="the step's return value",
-                graph="",
-                device=device,
-                location="",
-                dtypes=dtypes,
-                shapes=shapes,
-                digestible=[d is not None for d in digests],
-                note="what the step returned",
-            )
+        op_id = _pseudo_op(
+            rec,
+            "return:step",
+            "ReturnValue",
+            "the step's return value",
+            device,
+            dtypes,
+            shapes,
+            [d is not None for d in digests],
+            "what the step returned",
+        )
         seq = rec.next_seq()
         rec.append(Event(seq, op_id, seq, digests, [], shapes))
 
@@ -237,23 +264,18 @@ def record_variables(rec: Any, variables: list[Any]) -> None:
         for var in variables:
             value = var.read_value() if hasattr(var, "read_value") else var
             key = f"state:{var.name}"
-            op_id = rec.eager_sites.get(key)
-            if op_id is None:
-                op_id = rec.eager_sites[key] = REGISTRY.new_id()
-                rec.recording.ops[op_id] = OpInfo(
-                    op_id=op_id,
-                    key=key,
-                    op_type="VariableState",
-                    op_name=var.name,
-                    graph="",
-                    device=value.device or "",
-                    location="",
-                    dtypes=[value.dtype.name],
-                    shapes=[list(value.shape)],
-                    digestible=[True],
-                    note="value of the variable after the step",
-                    resource=key,
-                )
+            op_id = _pseudo_op(
+                rec,
+                key,
+                "VariableState",
+                var.name,
+                value.device or "",
+                [value.dtype.name],
+                [list(value.shape)],
+                [True],
+                "value of the variable after the step",
+                resource=key,
+            )
             seq = rec.next_seq()
             ev = Event(seq, op_id, seq, [_digest(rec, value)], [], [list(value.shape)])
             if rec.capture and key in rec.capture:

@@ -70,6 +70,58 @@ def graph_key(graph: Any) -> str:
     return "/".join(reversed(names))
 
 
+#: Grappler rewrites chains of element-wise arithmetic where an intermediate result has a
+#: single consumer: the arithmetic optimizer merges sums into one AddN (AddOpsRewrite) and
+#: hoists common factors out of sums of products; constant folding pushes constants down
+#: chains of sums and products ((x * y) * C -> x * (y * C)). The rewritten ops round
+#: differently, so the bits change. A digest of the intermediate would be a second consumer
+#: and keep the plain program's rewrite from happening. So the output of an op of ARITHMETIC
+#: is digested only once something other than such an op reads it; an op of ARITHMETIC that
+#: reads it records the intermediate's own inputs instead (what the rewritten op reads), so
+#: the source test still holds and only the intermediate itself goes unrecorded (these
+#: kernels are deterministic). Not digesting an intermediate can never make the instrumented
+#: graph differ from the plain one.
+ARITHMETIC = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv"})
+AGGREGATES = ARITHMETIC
+ABSORBED = ARITHMETIC
+
+
+class Deferred:
+    """An op whose record is made only when something outside a sum chain reads its output."""
+
+    def __init__(self, op_type: str, inputs: list[Any], emit: Any) -> None:
+        self.op_type = op_type
+        self.inputs = inputs  # the digests its record would hold as its inputs (folded)
+        self._emit = emit
+        self._digest: Any = None
+        self.done = False
+
+    def materialize(self) -> Any:
+        """Make the record now; the output's digest tensor (None if unreadable)."""
+        if not self.done:
+            self.done = True
+            self._digest = self._emit()
+        return self._digest
+
+
+def _input_digests(graph: Any, op_type: str, inputs: Any) -> tuple[list[Any], list[Any]]:
+    """The digests an op's record holds as its inputs, and the digest read from each input
+    (None where none is: unreadable, or an absorbed intermediate of a sum chain)."""
+    cache = REGISTRY.graph_cache(graph)
+    recorded: list[Any] = []
+    per_input: list[Any] = []
+    for t in inputs:
+        d = cache.get(t.name)
+        if isinstance(d, Deferred) and not d.done and op_type in AGGREGATES:
+            recorded.extend(d.inputs)  # what a merged AddN would read
+            per_input.append(None)
+            continue
+        d = digest_in_graph(graph, t)
+        recorded.append(d)
+        per_input.append(d)
+    return recorded, per_input
+
+
 def digest_in_graph(graph: Any, tensor: Any) -> Any:
     """The digest tensor of ``tensor`` in ``graph``, built once per tensor."""
     import tensorflow as tf
@@ -77,7 +129,8 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     cache = REGISTRY.graph_cache(graph)
     name = tensor.name
     if name in cache:
-        return cache[name]
+        d = cache[name]
+        return d.materialize() if isinstance(d, Deferred) else d
     d = None
     if _digestible(tensor):
         lib = transport.native_ops()
@@ -203,6 +256,9 @@ def _send_fused(
     return outs[0].op
 
 
+_NEVER_FORWARDED = frozenset({"Placeholder", "Const"})
+
+
 def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
     """Run the digest of an op's input before the op wherever the op could reuse that input's
     buffer for an output (same dtype and number of elements, or a shape not known when the
@@ -211,10 +267,21 @@ def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
     that choice timing-dependent, and some kernels (oneDNN's AddN) then compute other bits.
     Done first, the digest has let go of the tensor, so the op makes the choice it makes
     without nddebug. Other ops keep their schedule."""
+    if op.type in ARITHMETIC and op.type != "AddN":
+        # An element-wise Add, Sub, Mul or Div computes the same bits in place or not, and a
+        # digest that still holds the input keeps it from being taken over while it reads.
+        # A control edge into it would keep grappler from rewriting its chain (constants
+        # pushed down a product chain), as the plain program does.
+        return
     seen = set()
     for t, d in zip(inputs, digests, strict=False):
         d_op = getattr(d, "op", None)
         if d_op is None or d_op.name in seen or d_op.graph is not op.graph:
+            continue
+        if t.op.type in _NEVER_FORWARDED:
+            # A function's argument or capture is held by the caller, a constant by the
+            # graph: no kernel can take its buffer, so no order is needed (and an edge into a
+            # sum would keep grappler from merging it, as in the plain program).
             continue
         if any(_may_forward(t, out) for out in op.outputs):
             seen.add(d_op.name)
@@ -310,17 +377,27 @@ def instrument_op(
         # Constants are fixed by the graph; placeholders are digested by their consumers.
         return None
     fused = None
+    defer = False
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
         out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
         in_digests: list[Any] = []
         readable_out: list[Any] = []
     else:
-        in_digests = [digest_in_graph(graph, t) for t in inputs]
-        if not is_v1_graph(graph):  # a TF1 op may have run already: it must not change
-            digests_first(op, inputs, in_digests)
+        v1 = is_v1_graph(graph)
+        in_digests, per_input = _input_digests(graph, "" if v1 else op_type, inputs)
+        if not v1:  # a TF1 op may have run already: it must not change
+            digests_first(op, inputs, per_input)
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
-        if fused is not None:  # digested by the op that records them, made below
+        defer = (
+            not v1
+            and op_type in ABSORBED
+            and len(out_tensors) == 1
+            and not rec.capture
+            and not note
+            and _digestible(out_tensors[0])
+        )
+        if fused is not None or defer:  # digested by the op that records them, made below
             out_digests = [True if _digestible(t) else None for t in out_tensors]
         else:
             out_digests = [digest_in_graph(graph, t) for t in out_tensors]
@@ -388,12 +465,30 @@ def instrument_op(
             )
     if not readable_out and not readable_in and not payload:
         return None
-    if fused is not None:
-        independent = not stateful and not info.resource
-        return _send_fused(fused, graph, op_id, out_tensors, in_digests, independent)
-    readable_out = [_as_tensor(d) for d in readable_out]
-    readable_in = [_as_tensor(d) for d in readable_in]
-    captured = payload
-    if rec.capture and key in rec.capture and not payload:
-        captured = [t for t, d in zip(out_tensors, out_digests, strict=False) if d is not None]
-    return transport.send(op_id, readable_out, readable_in, captured)
+
+    def emit() -> tuple[Any, Any]:
+        """Make the op that records this op's executions: it, and the first output's digest."""
+        if fused is not None:
+            independent = not stateful and not info.resource
+            sender = _send_fused(fused, graph, op_id, out_tensors, in_digests, independent)
+            return sender, REGISTRY.graph_cache(graph).get(out_tensors[0].name)
+        outs, sent = out_digests, readable_out
+        if defer:
+            REGISTRY.graph_cache(graph).pop(out_tensors[0].name, None)
+            outs = [digest_in_graph(graph, t) for t in out_tensors]
+            sent = [d for d in outs if d is not None]
+        captured = payload
+        if rec.capture and key in rec.capture and not payload:
+            captured = [t for t, d in zip(out_tensors, outs, strict=False) if d is not None]
+        sender = transport.send(
+            op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
+        )
+        first = outs[0] if outs and not isinstance(outs[0], bool) else None
+        return sender, first
+
+    if defer and not payload:
+        # Recorded once something other than a sum reads it (see ABSORBED).
+        deferred = Deferred(op_type, in_digests, lambda: emit()[1])
+        REGISTRY.graph_cache(graph)[out_tensors[0].name] = deferred
+        return None
+    return emit()[0]

@@ -1,0 +1,69 @@
+"""Bad input through the API: the user's own exception is never replaced, and runs that are not
+comparable as they stand are said so next to the verdict."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+import nddebug
+
+
+def _runs(n: int = 2) -> list[nddebug.Recording]:
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.tanh(x) * 2.0)
+
+    recs = []
+    for _ in range(n):
+        with nddebug.trace() as rec:
+            step(tf.ones([16]))
+        recs.append(rec)
+    return recs
+
+
+def test_a_failed_save_never_replaces_the_blocks_own_exception(tmp_path: Any) -> None:
+    path = os.path.join(tmp_path, "no", "such", "folder", "run.nddebug")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ZeroDivisionError):
+            with nddebug.trace(path=path):
+                tf.constant(1.0) + 1.0
+                raise ZeroDivisionError("the user's own")
+    assert any("could not be saved" in str(w.message) for w in caught)
+    # Without an exception in the block, the save error is the error.
+    with pytest.raises(nddebug.RecordingFileError):
+        with nddebug.trace(path=path):
+            tf.constant(1.0) + 1.0
+
+
+def test_an_interrupted_run_is_not_compared_as_complete() -> None:
+    recs = _runs()
+    recs[1] = dataclasses.replace(recs[1], status="interrupted")
+    report = nddebug.compare(recs)
+    assert not report.ok
+    assert report.verdict == "no difference seen, but not everything compared"
+    assert "exception inside the block" in str(report)
+
+
+def test_runs_of_different_setups_are_said_next_to_the_verdict() -> None:
+    recs = _runs()
+    env = dict(recs[1].environment)
+    env["tensorflow"] = "2.20.0"
+    recs[1] = dataclasses.replace(recs[1], environment=env)
+    text = str(nddebug.compare(recs))
+    assert "different TensorFlow versions" in text and "2.20.0" in text
+
+
+def test_trace_refuses_a_bad_detail_and_rerun_before_running() -> None:
+    with pytest.raises(ValueError, match="detail"):
+        with nddebug.trace(detail="everything"):
+            raise AssertionError("must not run")
+    with pytest.raises(ValueError, match="rerun"):
+        with nddebug.trace(rerun=-1):
+            raise AssertionError("must not run")
