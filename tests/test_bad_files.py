@@ -292,7 +292,11 @@ def traced_file(tmp_path_factory) -> Path:
         with nddebug.trace(label=f"run {i}", path=str(path)):
             x = tf.constant([[1.0, -2.0], [3.0, -4.0]]) + 1.0
             step(x)
-    return path
+    # The damage below is done to rows of the row format (version 2), which older files keep;
+    # damaged chunks of the columnar format are tested in test_storage_compact.py.
+    rows = path.with_name("good-v2.nddebug")
+    storage.save(nddebug.load(str(path)), str(rows), format_version=2)
+    return rows
 
 
 def _damage(path: Path, statement: str) -> None:

@@ -67,3 +67,29 @@ def test_trace_refuses_a_bad_detail_and_rerun_before_running() -> None:
     with pytest.raises(ValueError, match="rerun"):
         with nddebug.trace(rerun=-1):
             raise AssertionError("must not run")
+
+
+def test_a_first_run_that_creates_variables_is_explained_as_setup() -> None:
+    """Two in-process blocks of a fresh Keras model's fit: the first creates the optimizer's
+    slots, the second reuses them. The ops that ran in the first only are called first-call
+    setup, with what to do, not an unexplained path."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).random((16, 8), dtype=np.float32)
+    init = [v.numpy() for v in model.weights]
+    recs = []
+    for _ in range(2):
+        for v, value in zip(model.weights, init, strict=True):
+            v.assign(value)
+        for v in model.optimizer.variables:
+            v.assign(np.zeros(v.shape, v.dtype))
+        with nddebug.trace() as rec:
+            model.fit(x, x[:, :4], batch_size=16, epochs=1, verbose=0)
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    setup = report.culprits[report.culprits["role"] == "control flow"]
+    assert len(setup) and all("first call" in e for e in setup["explanation"])
