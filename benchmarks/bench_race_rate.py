@@ -130,10 +130,7 @@ def main() -> None:
 
     print(
         tabulate(
-            [
-                [r["workload"], r["groups"], f"{r['plain']:.0%}", f"{r['traced']:.0%}"]
-                for r in rows
-            ],
+            [[r["workload"], r["groups"], f"{r['plain']:.0%}", f"{r['traced']:.0%}"] for r in rows],
             headers=["workload", "groups of 5", "race shown plain", "race shown traced"],
         )
     )
