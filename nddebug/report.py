@@ -96,6 +96,7 @@ class Report:
         self.errors = errors or []
         #: How check() ran the step (a nddebug.verify.Replay), so verify() can re-run it.
         self.replay: Any = None
+        self._risk_rows: list[Risk] | None = None  # known_risks(), made on first use
         # check() on an XLA step: which program this report is of ("as compiled (XLA)" or
         # "XLA off"), and, for the XLA-off report, the report of the step as compiled.
         self.program = ""
@@ -136,7 +137,7 @@ class Report:
         return own and (self.as_compiled is None or self.as_compiled.ok)
 
     def _risks(self, applies: bool) -> list[Risk]:
-        if not hasattr(self, "_risk_rows"):
+        if self._risk_rows is None:
             self._risk_rows = known_risks(self._compared_runs(), self.comparison.findings)
         return [r for r in self._risk_rows if r.applies == applies]
 

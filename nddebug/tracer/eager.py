@@ -19,6 +19,14 @@ from nddebug.tracer.location import eager_location
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
 
+def digest_host(array: np.ndarray) -> dg.Digest:
+    """A host array's digest: by the native code in place when it is loaded, else NumPy."""
+    lib = native.load() if native.enabled() else None
+    if lib is not None and array.dtype != object:
+        return lib.digest_array(array)
+    return dg.digest_numpy(array)
+
+
 def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
     """Digest an eager tensor where it lives: host tensors in numpy (zero-copy view), device
     tensors with TF kernels on the device."""
@@ -37,10 +45,7 @@ def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
         except (TypeError, ValueError, tf.errors.OpError):
             array = None
         if array is not None:
-            lib = native.load() if native.enabled() else None
-            if lib is not None and array.dtype != object:
-                return lib.digest_array(array)  # in place, at memory speed
-            return dg.digest_numpy(array)
+            return digest_host(array)
     with tf.device(device or None):
         fn = dg.eager_digest_fn(dtype, tuple(tensor.shape), dg.use_matmul_for(device))
         values = fn(tensor).numpy()
@@ -237,7 +242,7 @@ def record_return(rec: Any, value: Any) -> None:
                 shapes.append([])
                 dtypes.append(type(item).__name__)
                 continue
-            digests.append(dg.digest_numpy(np.ascontiguousarray(array)))
+            digests.append(digest_host(array))
             shapes.append(list(array.shape))
             dtypes.append(str(array.dtype))
         if not flat:

@@ -82,8 +82,6 @@ def graph_key(graph: Any) -> str:
 #: kernels are deterministic). Not digesting an intermediate can never make the instrumented
 #: graph differ from the plain one.
 ARITHMETIC = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv"})
-AGGREGATES = ARITHMETIC
-ABSORBED = ARITHMETIC
 
 
 class Deferred:
@@ -112,7 +110,7 @@ def _input_digests(graph: Any, op_type: str, inputs: Any) -> tuple[list[Any], li
     per_input: list[Any] = []
     for t in inputs:
         d = cache.get(t.name)
-        if isinstance(d, Deferred) and not d.done and op_type in AGGREGATES:
+        if isinstance(d, Deferred) and not d.done and op_type in ARITHMETIC:
             recorded.extend(d.inputs)  # what a merged AddN would read
             per_input.append(None)
             continue
@@ -168,15 +166,18 @@ def variable_identity(graph: Any, handle: Any) -> str:
 
 
 def _captured_from(graph: Any, tensor: Any) -> Any:
-    """The outer tensor (eager, or of the enclosing graph) that ``tensor`` captures, if any."""
-    try:
-        pairs = graph.captures
-    except Exception:  # noqa: BLE001 - a graph without captures (TF1)
-        return None
-    for external, internal in pairs:
-        if internal is tensor:
-            return external
-    return None
+    """The outer tensor (eager, or of the enclosing graph) that ``tensor`` captures, if any.
+    The graph's captures grow while it is built: the map is made again on a miss."""
+    cache = REGISTRY.graph_cache(graph)
+    found = cache.get("<captures>", {}).get(id(tensor))
+    if found is None:
+        try:
+            pairs = graph.captures
+        except Exception:  # noqa: BLE001 - a graph without captures (TF1)
+            return None
+        cache["<captures>"] = {id(internal): external for external, internal in pairs}
+        found = cache["<captures>"].get(id(tensor))
+    return found
 
 
 def _digestible(tensor: Any) -> bool:
@@ -391,7 +392,7 @@ def instrument_op(
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         defer = (
             not v1
-            and op_type in ABSORBED
+            and op_type in ARITHMETIC
             and len(out_tensors) == 1
             and not rec.capture
             and not note
@@ -487,7 +488,7 @@ def instrument_op(
         return sender, first
 
     if defer and not payload:
-        # Recorded once something other than a sum reads it (see ABSORBED).
+        # Recorded once something other than a sum reads it (see ARITHMETIC).
         deferred = Deferred(op_type, in_digests, lambda: emit()[1])
         REGISTRY.graph_cache(graph)[out_tensors[0].name] = deferred
         return None
