@@ -24,6 +24,7 @@ from nddebug.recording import (
     NOT_COMPARED,
     OPAQUE,
     RERUN_INNER,
+    SHAPE_ONLY_OPS,
     TF1_GRAPH,
     XLA_NOTE,
     Event,
@@ -405,26 +406,29 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
 
 def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> None:
     """Divergence also flows through variables and function calls:
-    - a read that follows a divergent update of the same variable differs because of it;
+    - a read or an update that follows a divergent update of the same variable differs
+      because of it (an update's output is the variable's value after it);
     - the value a variable holds after the step (VariableState) differs because of the ops
       found above, when there are any;
-    - the call of an instrumented tf.function returns what the ops inside it computed."""
+    - the call of an instrumented tf.function returns what the ops inside it computed;
+    - an op that reads only shapes (SHAPE_ONLY_OPS) differs because a shape upstream did."""
     writes: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for f in findings:
         if f.op.resource and f.op.op_type not in ("ReadVariableOp", "VariableState"):
-            writes[f.op.resource] += [(u[0], ref_seq.get(u, -1)) for u in f.units]
+            # Every divergent update counts, whatever its role: a source's later updates
+            # differ because of its first one, and they change the variable all the same.
+            units = f.divergent_units or f.units
+            writes[f.op.resource] += [(u[0], ref_seq.get(u, -1)) for u in units]
 
-    def after_divergent_write(f: OpFinding) -> bool:
-        for u in f.units:
-            seq = ref_seq.get(u, 1 << 62)
-            # A variable known by its identity (eager:<id>, what eager ops and captured
-            # handles are named by) is the same variable in every call and function; eager
-            # ops and TF1 session graphs too. A handle known only by its name in one graph
-            # (a loop variable) is linked within its call.
-            across = not f.op.graph or f.op.graph == TF1_GRAPH or f.op.resource.startswith("eager:")
-            if any((across or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, [])):
-                return True
-        return False
+    def written_before(f: OpFinding, u: Unit) -> bool:
+        """Whether a divergent update of ``f``'s variable ran before execution ``u``."""
+        seq = ref_seq.get(u, 1 << 62)
+        # A variable known by its identity (eager:<id>, what eager ops and captured handles
+        # are named by) is the same variable in every call and function; eager ops and TF1
+        # session graphs too. A handle known only by its name in one graph (a loop
+        # variable) is linked within its call.
+        across = not f.op.graph or f.op.graph == TF1_GRAPH or f.op.resource.startswith("eager:")
+        return any((across or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, []))
 
     explained = any(f.op.op_type not in PSEUDO_OPS for f in findings)
     steps = [f for f in findings if f.op.op_type == "Step"]
@@ -432,7 +436,21 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
     for f in findings:
         if f.role != "source":
             continue
-        if f.op.op_type == "ReadVariableOp" and after_divergent_write(f):
+        if f.op.resource and f.op.op_type != "VariableState":
+            # A read of a variable, or an update of it (its output is the value after the
+            # update), after a divergent update of it: what the variable held before
+            # differed, which its recorded inputs do not show. Only executions that no such
+            # update preceded can be where it started.
+            first = [u for u in f.units if not written_before(f, u)]
+            if not first:
+                f.role = "propagated"
+                f.units = f.divergent_units or f.units  # what a propagated finding lists
+                f.first_seq = min(ref_seq.get(u, 1 << 62) for u in f.units)
+            elif len(first) < len(f.units):
+                f.units = first
+                f.first_seq = min(ref_seq.get(u, 1 << 62) for u in first)
+        elif f.op.op_type in SHAPE_ONLY_OPS:
+            # It reads only shapes: a differing output means a shape upstream differed.
             f.role = "propagated"
         elif f.op.op_type == "ReturnValue" and explained:
             f.role = "propagated"

@@ -26,6 +26,12 @@ CALL_OPS = {
 }
 
 
+#: Ops that read only the shapes of their inputs, never their values. The tracer digests
+#: none of their inputs (a digest would be a second reader of the value: grappler then keeps
+#: a chain of sums it would merge without nddebug, and the bits change), so their record holds
+#: no inputs; what they output is a function of shapes alone, so they are never a source: a
+#: differing output means a shape upstream differed.
+SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 #: OpInfo.function of calls nddebug cannot see inside: a tf.function traced before the block
 #: ("uninstrumented") or compiled with XLA ("xla"). Their outputs and the variables they can
 #: write are compared; the ops inside them are not.

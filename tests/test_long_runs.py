@@ -71,7 +71,10 @@ def test_a_racing_op_in_a_30_step_loop_is_the_only_source() -> None:
     source (every later read of the weights it updated only propagates), and the verdict is
     never "reproducible"."""
     step, args, state = detection.make_step(boxes=1024)
-    weights = [v for v in state if isinstance(v, tf.Variable)]
+    state[-1].build([v for v in state if isinstance(v, tf.Variable)])  # its slots, counter
+    # Everything the step updates, the optimizer's iteration counter too: a counter left
+    # running would differ from the first call (the state was not restored), a source.
+    weights = [v for v in state if isinstance(v, tf.Variable)] + list(state[-1].variables)
     initial = [v.numpy() for v in weights]
     recs = []
     for _ in range(2):
@@ -87,6 +90,34 @@ def test_a_racing_op_in_a_30_step_loop_is_the_only_source() -> None:
     assert "CropAndResizeGradImage" in set(report.risks["op_type"])
     if report.first_divergence is not None:
         assert report.first_divergence.op_type == "CropAndResizeGradImage"
+
+
+def test_updates_after_a_divergent_update_only_propagate() -> None:
+    """After step 3's update differs, every later update of the variable outputs another
+    value (its input is what the variable held) though its recorded inputs are identical:
+    those updates carried the difference on; the runs part at step 3."""
+    w = tf.Variable(tf.zeros([64]))
+
+    @tf.function
+    def step(x):
+        w.assign_add(x)
+        return tf.reduce_sum(w)
+
+    recs = []
+    for run in range(2):
+        w.assign(tf.zeros([64]))
+        with nddebug.trace() as rec:
+            for k in range(1, 11):
+                x = np.ones([64], np.float32)
+                if run == 1 and k == 3:
+                    x[0] = 2.0  # read from outside TensorFlow
+                step(tf.constant(x))
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    fd = report.first_divergence
+    assert fd is not None and fd.step == 3 and fd.op_type == "AssignAddVariableOp"
+    assert len(report.sources) == 1 and "entered TensorFlow" in fd.explanation
+    assert not any(report.timeline[:2]) and all(report.timeline[2:])
 
 
 def test_step_numbering_and_sparkline() -> None:

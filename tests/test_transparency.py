@@ -218,6 +218,80 @@ def test_grappler_add_chain_rewrite_is_kept() -> None:
         assert summed().numpy().tobytes() == plain
 
 
+def _residual_affine() -> Any:
+    """A BatchNorm-like affine output added to a residual (MobileNetV2's and ResNet's block
+    add), trained with a batch dimension unknown when the graph is built, as Keras's train
+    function on a tf.data dataset has it: the gradient of each add reads its inputs' shapes."""
+    w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[5, 6]) * 0.1)
+    s = tf.Variable(tf.random.stateless_normal([64], seed=[7, 8]))
+    b = tf.Variable(tf.random.stateless_normal([64], seed=[9, 10]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = tf.matmul(x, w) * s + b  # the affine: its sum feeds only the residual add
+            out = tf.reshape(x + y, [-1, 8, 8])  # a pass-through of the sum chain's end
+            loss = tf.reduce_sum(tf.square(out))
+        for v, g in zip((w, s, b), tape.gradient(loss, [w, s, b]), strict=True):
+            v.assign_sub(1e-4 * g)
+        return out
+
+    return step, [w, s, b]
+
+
+def test_shape_reads_keep_the_sum_rewrite() -> None:
+    """With an unknown batch dimension, the gradient of an add reads its inputs' shapes
+    (Shape ops). A Shape reads no values, so it must not make nddebug digest the sum it reads:
+    that digest was a second consumer, grappler then left (x + (x*s + b)) unmerged, and the
+    traced step computed other bits than the plain one (MobileNetV2 fit on a dataset)."""
+    x = tf.random.stateless_normal([512, 64], seed=[1, 2]) * 10
+
+    def run(traced: bool, **options: bool) -> list[bytes]:
+        step, state = _residual_affine()
+        before = tf.config.optimizer.get_experimental_options()
+        tf.config.optimizer.set_experimental_options(options)
+        try:
+            if traced:
+                with nddebug.trace() as rec:
+                    out = [step(x) for _ in range(2)]
+                assert rec.events
+            else:
+                out = [step(x) for _ in range(2)]
+        finally:
+            tf.config.optimizer.set_experimental_options(
+                {k: before.get(k, True) for k in options} or before
+            )
+        return [o.numpy().tobytes() for o in out] + [v.numpy().tobytes() for v in state]
+
+    plain = run(False)
+    # The rewrite matters here: without it the plain step computes other bits.
+    assert run(False, arithmetic_optimization=False) != plain
+    assert run(True) == plain
+
+
+def test_a_shape_read_is_never_a_source() -> None:
+    """Shape ops record no inputs (they read none of their values): when a shape differs, the
+    op that made it is the source, not the Shape that read it."""
+
+    @tf.function
+    def step(x):
+        kept = tf.boolean_mask(x, tf.random.uniform([4096]) > 0.5)  # unseeded: sizes differ
+        return tf.cast(tf.shape(kept)[0], tf.float32) + tf.reduce_sum(kept)
+
+    x = tf.range(4096, dtype=tf.float32)
+    report = nddebug.compare([_traced(step, x) for _ in range(2)])
+    assert not report.ok
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+    shapes = report.culprits[report.culprits["op_type"] == "Shape"]
+    assert len(shapes) and set(shapes["role"]) == {"propagated"}
+
+
+def _traced(step: Callable[..., Any], *args: Any) -> Any:
+    with nddebug.trace() as rec:
+        step(*args)
+    return rec
+
+
 def test_oneDNN_addn_is_not_disturbed() -> None:
     """oneDNN's AddN (on by default on some CPUs, forced here) computes other bits when it
     cannot reuse an input's buffer: a digest still reading that buffer made the choice

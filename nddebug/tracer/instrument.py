@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED, TF1_GRAPH, OpInfo
+from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
 from nddebug.tracer import ops, rerun, transport
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
@@ -386,7 +386,10 @@ def instrument_op(
         readable_out: list[Any] = []
     else:
         v1 = is_v1_graph(graph)
-        in_digests, per_input = _input_digests(graph, "" if v1 else op_type, inputs)
+        if op_type in SHAPE_ONLY_OPS:
+            in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
+        else:
+            in_digests, per_input = _input_digests(graph, "" if v1 else op_type, inputs)
         if not v1:  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, per_input)
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
