@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -173,6 +174,23 @@ def align(recordings: list[Recording]) -> tuple[list[dict[Unit, Event]], list[Pa
                 )
         per_run_units.append(_units(rec, index))
     return per_run_units, paths
+
+
+def run_signature(rec: Recording) -> str:
+    """A hash of everything the comparison reads from a run: each op execution's op, the
+    position of the call it ran in, its digests, input digests and shapes. Two runs with the
+    same signature compare equal execution for execution (up to the order of executions
+    within a call, which the comparison does not count as a difference), so check() keeps
+    one copy of the events of repeats that match."""
+    calls = {ev.seq: i for i, ev in enumerate(e for e in rec.events if e.call == e.seq)}
+    rows = sorted(
+        repr((calls.get(ev.call, -1), rec.ops[ev.op_id].key, ev.digests, ev.inputs, ev.shapes))
+        for ev in rec.events
+    )
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(row.encode())
+    return h.hexdigest()
 
 
 def unit_values(recordings: list[Recording]) -> dict[tuple[Unit, int], list[Any]]:

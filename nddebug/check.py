@@ -33,6 +33,48 @@ def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
     )
 
 
+#: check() keeps the events of at most this many repeats that differ from one another (each
+#: a whole step's op executions); repeats that match a kept one share its events.
+MAX_DISTINCT_REPEATS = 16
+
+
+class RepeatStore:
+    """The repeats of check(), kept in memory bounded by how many *different* runs there
+    were, not by ``repeats``: a repeat whose signature (:func:`analysis.run_signature`)
+    matches a kept one shares that run's events and ops, and the comparison reads it as the
+    run it repeated. Past ``limit`` different runs, further different ones are counted,
+    not kept: the verdict cannot be "ok" by then, and their digests are in ``path`` if one
+    was given."""
+
+    def __init__(self, limit: int = MAX_DISTINCT_REPEATS) -> None:
+        self.limit = limit
+        self.runs: list[Recording] = []
+        self._by_signature: dict[str, Recording] = {}
+        self.dropped: list[str] = []  # labels of different repeats not kept
+
+    def add(self, rec: Recording) -> None:
+        from nddebug.analysis import run_signature
+
+        signature = run_signature(rec)
+        same = self._by_signature.get(signature)
+        if same is not None:
+            rec.events, rec.ops = same.events, same.ops  # one copy in memory
+        elif len(self._by_signature) >= self.limit:
+            self.dropped.append(rec.label)
+            return
+        else:
+            self._by_signature[signature] = rec
+        self.runs.append(rec)
+
+    def dropped_note(self) -> str:
+        return (
+            f"{len(self.dropped)} repeat(s) ({', '.join(self.dropped[:3])}"
+            f"{', …' if len(self.dropped) > 3 else ''}) differed from all of the "
+            f"{self.limit} different runs already kept and were left out of the comparison "
+            "to bound memory"
+        )
+
+
 def check(
     fn: Callable[..., Any],
     *args: Any,
@@ -147,10 +189,17 @@ def check(
             runs.append(warm)
             if path is not None:
                 warm.save(path)
+        kept = RepeatStore(MAX_DISTINCT_REPEATS)
         for i in range(repeats if mode == "repeat" else 0):
-            runs.append(one_run(step, f"repeat {i}"))
+            rec = one_run(step, f"repeat {i}")
             if path is not None:
-                runs[-1].save(path)
+                rec.save(path)
+            kept.add(rec)
+        runs += kept.runs
+        if kept.dropped:
+            warnings.append(kept.dropped_note())
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
         report = Report(runs, mode=mode)
         keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
         # Rerun mode measured divergent outputs as it went: no second pass.
@@ -292,6 +341,7 @@ def compare(recordings: Sequence[Recording]) -> Report:
             f"compare() takes Recording objects, got {', '.join(sorted(set(wrong)))}: "
             "use the `with nddebug.trace() as rec` objects or nddebug.load(path)"
         )
+    recs = [r.whole() for r in recs]  # long blocks written to their file as they ran
     runs = [r for r in recs if r.kind != "capture"]
     captures = [r for r in recs if r.kind == "capture"]
     if any(r.kind == "rerun" for r in runs):

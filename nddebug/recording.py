@@ -109,21 +109,37 @@ class Recording:
     kind: str = "run"
     # Full values captured for chosen outputs, keyed by "<event seq>:<output slot>".
     values: dict[str, Any] = field(default_factory=dict)
+    # The file a long trace(path=...) block wrote its events to as it ran: they are there,
+    # not in ``events`` (see whole()). Not saved: a loaded run holds its events.
+    streamed_to: str = field(default="", compare=False, metadata={"saved": False})
 
     def __len__(self) -> int:
         return len(self.events)
 
     def __repr__(self) -> str:
-        return (
-            f"<Recording {self.label or self.run_id[:8]}: {len(self.events)} op executions, "
-            f"{len(self.ops)} ops, {self.status}>"
+        n = (
+            f"op executions in {self.streamed_to}"
+            if self.streamed_to
+            else (f"{len(self.events)} op executions")
         )
+        return (
+            f"<Recording {self.label or self.run_id[:8]}: {n}, {len(self.ops)} ops, {self.status}>"
+        )
+
+    def whole(self) -> Recording:
+        """This run with all its events: itself, or, for a long block that was written to
+        its file as it ran (``streamed_to``), the run read back from that file."""
+        if not self.streamed_to:
+            return self
+        from nddebug import storage
+
+        return storage.load_run(self.streamed_to, self.run_id)
 
     def save(self, path: str) -> None:
         """Append this run to a recording file (created if absent)."""
         from nddebug import storage
 
-        storage.save([self], path)
+        storage.save([self.whole()], path)
 
 
 class RowError(ValueError):

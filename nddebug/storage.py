@@ -1177,6 +1177,33 @@ def salvage(path: str) -> tuple[list[Recording], list[str]]:
         con.close()
 
 
+def load_run(path: str, run_id: str) -> Recording:
+    """The run ``run_id`` of ``path`` alone (RecordingFileError if it is not there or is
+    damaged)."""
+    con = _connect(path, create=False)
+    try:
+        _check_format(con, path)
+        try:
+            tables = {
+                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            row = con.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise RecordingFileError(f"{path}: holds no run with run_id {run_id}")
+            with _no_gc():
+                return _read_run(con, row, tables)
+        except RowError as exc:
+            raise RecordingFileError(f"{path}: damaged: {exc}, run_id {run_id[:8]}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise RecordingFileError(
+                f"{path}: the recording is damaged or incomplete ({exc})"
+            ) from exc
+    finally:
+        con.close()
+
+
 def load(path: str) -> list[Recording]:
     """Every run in ``path``, in the order they were saved. A file with a damaged run raises
     RecordingFileError naming it (:func:`salvage` returns the runs that are whole)."""

@@ -93,3 +93,37 @@ def test_a_first_run_that_creates_variables_is_explained_as_setup() -> None:
     report = nddebug.compare(recs)
     setup = report.culprits[report.culprits["role"] == "control flow"]
     assert len(setup) and all("first call" in e for e in setup["explanation"])
+
+
+def test_many_repeats_keep_one_copy_of_runs_that_match(monkeypatch: Any) -> None:
+    """check(repeats=N) holds the events of the different runs only: a deterministic step
+    repeated 60 times keeps one copy; a step that differs every time keeps the first
+    MAX_DISTINCT_REPEATS, and says how many it left out."""
+    import sys
+
+    module = sys.modules["nddebug.check"]
+    w = tf.Variable(tf.ones([64, 64]) * 0.01)
+
+    @tf.function
+    def step(x):
+        y = tf.tanh(tf.matmul(x, w))
+        w.assign_sub(0.01 * y)
+        return tf.reduce_sum(y)
+
+    x = tf.ones([64, 64])
+    report = nddebug.check(step, x, repeats=60, state=[w], quantify=False, confirm=0)
+    assert report.ok, str(report)
+    assert len(report.recordings) == 60
+    assert len({id(r.events) for r in report.recordings}) == 1
+
+    @tf.function
+    def noisy(x):
+        return tf.reduce_sum(x * tf.random.uniform([64, 64]))  # unseeded: differs every time
+
+    monkeypatch.setattr(module, "MAX_DISTINCT_REPEATS", 4)
+    report = nddebug.check(noisy, x, repeats=10, quantify=False, confirm=0)
+    assert not report.ok
+    assert len(report.recordings) == 4
+    assert "RandomUniform" in set(report.sources["op_type"])
+    assert any("6 repeat(s)" in w and "left out" in w for w in report.warnings), report.warnings
+    assert "left out of the comparison" in str(report)

@@ -211,3 +211,47 @@ def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: A
     assert "first part at step 41 of 60, in Step" in first
     assert "first part at step 41" in second and "in MatMul" in second
     assert "did not replay" not in proc.stdout
+
+
+def test_a_long_block_with_a_path_is_written_as_it_runs(tmp_path: Any, monkeypatch: Any) -> None:
+    """trace(path=...) holds at most about a chunk of op executions in memory: the rest is in
+    the file while the block still runs, and the run read back is the whole run."""
+    from nddebug import storage
+
+    monkeypatch.setattr(storage, "CHUNK_EVENTS", 300)
+    w = tf.Variable(tf.ones([8, 8]) * 0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
+        w.assign_sub(0.05 * tape.gradient(loss, w))
+        return loss
+
+    def run(path: str | None, differ_at: int | None = None, detail: str = "ops") -> Any:
+        w.assign(tf.ones([8, 8]) * 0.1)
+        held = []
+        with nddebug.trace(path=path, detail=detail) as rec:
+            for k in range(1, 151):
+                x = np.full([4, 8], 0.5, np.float32)
+                if k == differ_at:
+                    x[0, 0] = 0.7
+                step(tf.constant(x))
+                held.append(len(rec.events))
+        return rec, held
+
+    path = str(tmp_path / "long.nddebug")
+    plain, _ = run(None)
+    streamed, held = run(path)
+    assert max(held) < 300 + 20  # a chunk and one step, not the run's 1,500
+    assert streamed.events == [] and streamed.streamed_to == path
+    whole = streamed.whole()
+    assert len(whole.events) == len(plain.events) == 1500
+    assert nddebug.compare([plain, streamed]).ok
+    other, _ = run(path, differ_at=97)
+    report = nddebug.compare([streamed, other])
+    assert report.first_divergence.step == 97 and report.first_divergence.op_type == "MatMul"
+    assert [r.run_id for r in nddebug.load(path)] == [streamed.run_id, other.run_id]
+    # One digest per step streams too.
+    steps, _ = run(path, detail="steps")
+    assert len(steps.whole().events) == 150

@@ -12,6 +12,7 @@ from nddebug import digest as dg
 from nddebug.recording import Recording
 from nddebug.tracer import steps
 from nddebug.tracer.recorder import Recorder
+from nddebug.tracer.stream import EventStream
 
 RECORD_ENV = "NDDEBUG_RECORD"  # set by `nddebug run` for the processes it starts
 LABEL_ENV = "NDDEBUG_LABEL"
@@ -31,13 +32,16 @@ def trace(
     """Record every TensorFlow op executed in the block.
 
     ``with nddebug.trace() as rec:`` gives the :class:`Recording`, filled when the block ends;
-    with ``path`` the run is also appended to that recording file. With ``rerun=k`` every
-    stateless op also runs k more times on its own inputs (eagerly at once; in graphs as
-    copies of the node), and ``nddebug.compare([rec])`` reports the ops whose re-executions
-    differ: kernel non-determinism found in a single step, with no state to restore. With
-    ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`. ``record_env=False``
-    (check()'s own runs) keeps the block out of the file `nddebug run` asks for: a script's
-    check() compares its runs itself, and its warm-up is no block of the script's.
+    with ``path`` the run is also appended to that recording file; a block longer than a chunk
+    of op executions is written to it as it runs, and its Recording then holds no events in
+    memory (``rec.whole()`` reads them back; see :mod:`nddebug.tracer.stream`). With
+    ``rerun=k`` every stateless op also runs k more times on its own inputs (eagerly at once;
+    in graphs as copies of the node), and ``nddebug.compare([rec])`` reports the ops whose
+    re-executions differ: kernel non-determinism found in a single step, with no state to
+    restore. With ``emulate_gpu`` the block also runs under :func:`nddebug.emulate_gpu`.
+    ``record_env=False`` (check()'s own runs) keeps the block out of the file `nddebug run`
+    asks for: a script's check() compares its runs itself, and its warm-up is no block of the
+    script's.
     ``detail="steps"`` keeps one digest per step instead of every op execution (very long
     runs), ``detail="step:K"`` step K in full and the steps before it as digests (see
     :mod:`nddebug.tracer.steps`); `nddebug run` sets it through NDDEBUG_DETAIL.
@@ -66,6 +70,8 @@ def trace(
     rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
     rec.environment = environment.capture()
     recorder = Recorder(rec, rerun=rerun, detail=detail)
+    if path is not None:
+        recorder.stream = EventStream(path, rec)
     recorder.start()
     try:
         yield rec
@@ -80,13 +86,16 @@ def trace(
                 "step itself (not only the model construction) inside nddebug.trace()."
             )
         if path is not None:
+            stream = recorder.stream
+            # A long block wrote its chunks as it went: write the rest and close the run.
+            save = stream.finish if stream.started else (lambda: rec.save(path))
             if sys.exc_info()[0] is None:
-                rec.save(path)
+                save()
             else:
                 # The block raised: its own exception goes on to the caller; failing to save
                 # the interrupted run must not replace it.
                 try:
-                    rec.save(path)
+                    save()
                 except Exception as exc:  # noqa: BLE001 - reported, never masks the user's
                     warnings.warn(
                         f"nddebug: the interrupted run could not be saved to {path}: {exc}",

@@ -56,6 +56,8 @@ class Recorder:
         # XLA-compiled functions that ran (top level) or were traced nested inside one.
         self.xla_functions: set[str] = set()
         self.thread = threading.get_ident()
+        # trace(path=...): where events go once a chunk's worth is held (see tracer.stream).
+        self.stream: Any = None
         # Held while an instrumented call runs, so another thread's call is never in flight
         # with one of this block's: its rows can then be told apart and dropped.
         self.call_lock = threading.RLock()
@@ -248,6 +250,18 @@ class Recorder:
             self.recording.events.append(ev)
             if call_device is not None and self.steps.active:
                 self.steps.end_step(self)
+            if call_device is not None and self.stream is not None:
+                self._stream_out()
+
+    def _stream_out(self) -> None:
+        """Write the complete steps held in memory to the block's file once they reach a
+        chunk, and drop them here (see :mod:`nddebug.tracer.stream`). Under ``self.lock``."""
+        events = self.recording.events
+        done = self.steps.start if self.steps.active else len(events)
+        if self.stream.due(done) and self.stream.write(events[:done]):
+            del events[:done]
+            if self.steps.active:
+                self.steps.start -= done
 
     def record_return(self, value: Any) -> None:
         """Digest the step's return value (see :func:`eager.record_return`)."""
