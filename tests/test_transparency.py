@@ -269,6 +269,48 @@ def test_shape_reads_keep_the_sum_rewrite() -> None:
     assert run(True) == plain
 
 
+def test_an_identity_of_a_product_keeps_the_chain_rewrite() -> None:
+    """Keras's optimizers take an Identity (a cast to the same dtype) of a gradient before
+    the update multiplies it by the learning rate. Grappler reorders that product chain
+    (the shapes differ: a vector, a vector, a scalar); a digest of the intermediate product,
+    made where the Identity read it, was the second consumer that stopped it (MobileNetV2's
+    SGD momentum update). A product only an Identity returns is still recorded."""
+
+    def make() -> Any:
+        s = tf.Variable(tf.random.stateless_normal([4096], seed=[1, 2]))
+        lr = tf.Variable(0.37)
+
+        @tf.function
+        def step(x):
+            g = tf.identity(tf.sin(x) * tf.math.rsqrt(s * s + 1.0))
+            return g * lr, tf.identity(x * 2.0)
+
+        return step
+
+    x = tf.random.stateless_normal([4096], seed=[3, 4]) * 10
+
+    def bits(step: Any) -> list[bytes]:
+        return [t.numpy().tobytes() for t in step(x)]
+
+    plain = bits(make())
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    try:
+        assert bits(make()) != plain  # the rewrite matters here
+    finally:
+        tf.config.optimizer.set_experimental_options(
+            {"arithmetic_optimization": before.get("arithmetic_optimization", True)}
+        )
+    step = make()
+    with nddebug.trace() as rec:
+        assert bits(step) == plain
+    assert bits(step) == plain
+    muls = [rec.ops[e.op_id].op_name for e in rec.events if rec.ops[e.op_id].op_type == "Mul"]
+    # g * lr records the product's inputs in its place; x * 2.0 (mul_3), returned through an
+    # Identity and read by nothing else, is recorded when the graph is complete.
+    assert sorted(muls) == ["mul_2", "mul_3"]
+
+
 def test_a_shape_read_is_never_a_source() -> None:
     """Shape ops record no inputs (they read none of their values): when a shape differs, the
     op that made it is the source, not the Shape that read it."""

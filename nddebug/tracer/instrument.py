@@ -9,6 +9,7 @@ its digests read no data (:mod:`nddebug.tracer.registry`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from nddebug import digest as dg
@@ -92,13 +93,16 @@ class Deferred:
         self.inputs = inputs  # the digests its record would hold as its inputs (folded)
         self._emit = emit
         self._digest: Any = None
+        self.sender: Any = None  # the op that records it, once made
         self.done = False
+        # A sum that read it recorded its inputs in its place: nothing else must record it.
+        self.covered = False
 
     def materialize(self) -> Any:
         """Make the record now; the output's digest tensor (None if unreadable)."""
         if not self.done:
             self.done = True
-            self._digest = self._emit()
+            self.sender, self._digest = self._emit()
         return self._digest
 
 
@@ -113,6 +117,7 @@ def _input_digests(graph: Any, op_type: str, inputs: Any) -> tuple[list[Any], li
         if isinstance(d, Deferred) and not d.done and op_type in ARITHMETIC:
             recorded.extend(d.inputs)  # what a merged AddN would read
             per_input.append(None)
+            d.covered = True
             continue
         d = digest_in_graph(graph, t)
         recorded.append(d)
@@ -143,6 +148,73 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
                     d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device), graph_gate(graph))
     cache[name] = d
     return d
+
+
+#: Per-graph cache entry: sum-chain intermediates only pass-through ops (Identity, Reshape)
+#: have read so far; recorded when the graph is complete unless a sum covered them.
+_PASSED = "nddebug:passed-through"
+
+
+def _passed_through(graph: Any, tensor: Any) -> Any:
+    """What a pass-through op's output is digested as: its input's digest; or, while the input
+    is a sum-chain intermediate not yet recorded, that same pending record. Keras's optimizers
+    take an Identity of a gradient before the update multiplies it: recording the
+    intermediate there would be the second consumer that stops grappler's rewrite."""
+    cache = REGISTRY.graph_cache(graph)
+    d = cache.get(tensor.name)
+    if isinstance(d, Deferred) and not d.done:
+        cache.setdefault(_PASSED, []).append(d)
+        return d
+    return digest_in_graph(graph, tensor)
+
+
+def finish_graph(graph: Any) -> None:
+    """The graph is complete (its Python function returned): record the sum-chain
+    intermediates that only pass-through ops read and no sum covered (a function's or loop
+    body's result, returned through an Identity), so that every value is recorded once."""
+    pending = REGISTRY.graph_cache(graph).pop(_PASSED, None)
+    if not pending:
+        return
+    with graph.as_default():
+        for d in pending:
+            if not d.done and not d.covered:
+                d.materialize()
+                sender = d.sender
+                control = getattr(graph, "control_outputs", None)
+                if sender is not None and control is not None and sender not in control:
+                    # Made after the function's automatic control dependencies: a function
+                    # runs what its outputs and control outputs need.
+                    control.append(sender)
+
+
+_hooked = False
+
+
+def hook_graph_ends() -> None:
+    """Call :func:`finish_graph` on each graph TensorFlow builds from a Python function
+    (tf.function bodies, loop bodies, branches) right after the function returns, before the
+    graph becomes a function. Installed at the first trace and never removed (graphs traced
+    in a block can be completed after it); it costs a dictionary lookup per graph."""
+    global _hooked
+    if _hooked:
+        return
+    from tensorflow.python.framework import func_graph as func_graph_module
+
+    from nddebug.tracer.registry import inside_nddebug
+
+    original = func_graph_module.func_graph_from_py_func
+
+    @functools.wraps(original)
+    def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
+        graph = original(*args, **kwargs)
+        cache = REGISTRY.graph_digests.get(graph)
+        if cache and _PASSED in cache:
+            with inside_nddebug():
+                finish_graph(graph)
+        return graph
+
+    func_graph_module.func_graph_from_py_func = func_graph_from_py_func
+    _hooked = True
 
 
 def variable_identity(graph: Any, handle: Any) -> str:
@@ -344,7 +416,7 @@ def instrument_op(
         for i, out in enumerate(outputs):
             src = inputs[i if alias is None else alias] if inputs else None
             if src is not None:
-                cache[out.name] = digest_in_graph(graph, src)
+                cache[out.name] = _passed_through(graph, src)
         return None
     op = outputs[0].op if outputs else None
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
@@ -492,7 +564,7 @@ def instrument_op(
 
     if defer and not payload:
         # Recorded once something other than a sum reads it (see ARITHMETIC).
-        deferred = Deferred(op_type, in_digests, lambda: emit()[1])
+        deferred = Deferred(op_type, in_digests, emit)
         REGISTRY.graph_cache(graph)[out_tensors[0].name] = deferred
         return None
     return emit()[0]

@@ -141,6 +141,7 @@ class Recorder:
         # The call hook first and the switches under the call lock: no other thread's call
         # is in flight, unhooked, once the buffer records.
         self.pre_call.install()
+        instrument.hook_graph_ends()
         with self.call_lock:
             # Calls other threads started before the hook was this block's must end first.
             if not opaque.wait_for_calls(timeout=5.0):
