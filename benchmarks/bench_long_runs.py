@@ -280,6 +280,30 @@ _PROBE = textwrap.dedent(
 )
 
 
+_COMPARE_PROBE = textwrap.dedent(
+    """
+    import json, resource, sys, time
+    sys.path.insert(0, sys.argv[1])
+    sys.modules["tensorflow"] = None  # comparing needs no TensorFlow
+    from nddebug.longruns import compare_file
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    report = compare_file(sys.argv[2], long_run=1)
+    t1 = time.perf_counter()
+    fd = report.first_divergence
+    print(json.dumps({
+        "compare_file_s": t1 - t0,
+        "first_index": fd.index if fd else None,
+        "ok": report.ok,
+        "window_executions": [len(r.events) for r in report.recordings],
+        "rss_after_imports_mb": base / 1024,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+    """
+)
+
+
 def synthetic(folder: str, n: int) -> dict[str, Any]:
     path = os.path.join(folder, "synthetic.nddebug")
     t = _template()
@@ -323,6 +347,17 @@ def synthetic(folder: str, n: int) -> dict[str, Any]:
             k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()
         }
         print(f"  load_columns(fields={fields}): {out[f'fields={fields}']}", flush=True)
+    # What `nddebug report` does with long runs: arrays, then the first divergent call in full.
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPARE_PROBE, ROOT, path], capture_output=True, text=True
+    )
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r["memory_mb"] = round(r["peak_rss_mb"] - r["rss_after_imports_mb"], 1)
+    r["executions_per_s"] = round(2 * n / r["compare_file_s"])
+    out["compare_file"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+    print(f"  compare_file: {out['compare_file']}", flush=True)
     os.remove(path)
     return out
 

@@ -25,6 +25,7 @@ from nddebug.errors import (
     TraceError,
 )
 from nddebug.knowledge import known_ops
+from nddebug.longruns import compare_file
 from nddebug.recording import Recording
 from nddebug.replicas import ReplicaConsistency, replica_consistency, worker_consistency
 from nddebug.report import Report
@@ -63,6 +64,7 @@ __all__ = [
     "census",
     "check",
     "compare",
+    "compare_file",
     "emulate_gpu",
     "emulated_op_types",
     "known_ops",

@@ -245,8 +245,20 @@ def _as_runs(recordings: Sequence[Any]) -> list[list[list[Any]]] | None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from nddebug import storage
     from nddebug.check import compare, load
+    from nddebug.longruns import compare_file, long_run_threshold
+    from nddebug.recording import Recording
 
+    index = storage.run_index(args.file)
+    if len(index) >= 2 and max(n for *_, n in index) >= long_run_threshold():
+        headers = [Recording(run_id=r, label=label, kind=kind) for r, label, kind, _ in index]
+        grouped = _as_runs(headers)  # `nddebug run -o` files: one block, one worker each?
+        if grouped is None or all(len(run) == 1 and len(run[0]) == 1 for run in grouped):
+            # Long runs of one block: compared as arrays, the first divergent call in full.
+            report = compare_file(args.file)
+            _emit(render(report, args.format), args.output)
+            return OK if report.ok else FOUND
     recordings = load(args.file)
     if not recordings:
         raise UsageError(f"{args.file}: the file holds no runs")

@@ -23,7 +23,7 @@ from nddebug.analysis import (
 from nddebug.errors import NotComparableError
 from nddebug.recording import OPAQUE, Recording
 from nddebug.risks import Risk, describe_bound, known_risks, rule_out_bound, setup_notes
-from nddebug.timeline import FirstDivergence, divergence_per_step, first_divergence
+from nddebug.timeline import FirstDivergence, Window, divergence_per_step, first_divergence
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -88,8 +88,12 @@ class Report:
         mode: str = "compare",
         captures: list[Recording] | None = None,
         errors: list[Raised] | None = None,
+        window: Window | None = None,
     ) -> None:
         self.recordings = recordings
+        #: Long runs (nddebug.longruns): the recordings are the first divergent call of each
+        #: run, the rest was compared as arrays; where that call sits in the whole run.
+        self.window = window
         self.captures = captures or []
         self.mode = mode
         #: Ops that raised instead of running (no deterministic kernel here): never "ok".
@@ -138,7 +142,8 @@ class Report:
 
     def _risks(self, applies: bool) -> list[Risk]:
         if self._risk_rows is None:
-            self._risk_rows = known_risks(self._compared_runs(), self.comparison.findings)
+            executed = self.window.executed if self.window is not None else None
+            self._risk_rows = known_risks(self._compared_runs(), self.comparison.findings, executed)
         return [r for r in self._risk_rows if r.applies == applies]
 
     def hidden_risk_keys(self) -> set[str]:
@@ -187,12 +192,15 @@ class Report:
     def first_divergence(self) -> FirstDivergence | None:
         """Where the runs first part: the step (the k-th call of the block's training step),
         the op and its location; None when nothing diverged."""
-        return first_divergence(self._compared_runs(), self.comparison.findings)
+        fd = first_divergence(self._compared_runs(), self.comparison.findings)
+        return self.window.place(fd) if self.window is not None else fd
 
     @property
     def timeline(self) -> list[int]:
         """Divergent op executions per step of the first run (index 0 is step 1); empty when
         the block has no steps."""
+        if self.window is not None:
+            return list(self.window.timeline)
         return divergence_per_step(self._compared_runs(), self.comparison.findings)
 
     @property
@@ -227,6 +235,13 @@ class Report:
                 f"on a {'/'.join(devices)} these ops would be culprits: "
                 + ", ".join(sorted({r.op_type for r in elsewhere}))
                 + " (information: they do not change this verdict)"
+            )
+        w = self.window
+        if w is not None:
+            where = "the first call that differs" if self.first_divergence else "the last call"
+            notes.append(
+                f"long runs: all {w.executions:,} op executions of each run were compared as "
+                f"digests, call by call; {where} was analysed op by op"
             )
         return notes
 
@@ -286,7 +301,9 @@ class Report:
             "mode": self.mode,
             "runs": c.runs,
             "ops_traced": c.ops_traced,
-            "op_executions_per_run": c.executions,
+            "op_executions_per_run": c.executions
+            if self.window is None
+            else self.window.executions,
             "sources": sum(f.role == "source" for f in c.findings),
             "propagated": sum(f.role == "propagated" for f in c.findings),
             "control_flow": sum(f.role == "control flow" for f in c.findings),

@@ -46,10 +46,13 @@ def _device(op: Any, env: dict[str, Any]) -> str:
     return env.get("emulated_device") or op.device or ",".join(env.get("devices", []))
 
 
-def known_risks(recordings: list[Recording], findings: list[Any]) -> list[Risk]:
+def known_risks(
+    recordings: list[Recording], findings: list[Any], executed: frozenset[int] | None = None
+) -> list[Risk]:
     """Every op of the runs that the knowledge base lists as non-deterministic on the device it
     ran on with the run's settings (``applies``), and those listed only for another device
-    (information: a CPU run's GPU culprits), one row per op, in recording order."""
+    (information: a CPU run's GPU culprits), one row per op, in recording order. ``executed``:
+    the op ids the reference run executed, where its events are only a window of it."""
     if not recordings:
         return []
     env = recordings[0].environment or {}
@@ -57,8 +60,8 @@ def known_risks(recordings: list[Recording], findings: list[Any]) -> list[Risk]:
     diverged = {f.key for f in findings if f.role in ("source", "propagated")}
     seen: dict[str, Risk] = {}
     for rec in recordings[:1]:
-        executed = {ev.op_id for ev in rec.events}
-        for op_id in sorted(executed):
+        ran = executed if executed is not None else {ev.op_id for ev in rec.events}
+        for op_id in sorted(ran):
             op = rec.ops.get(op_id)
             if op is None or op.key in seen:
                 continue

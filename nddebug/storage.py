@@ -37,6 +37,7 @@ import sqlite3
 import threading
 import uuid
 import zlib
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -943,8 +944,10 @@ def _decode_chunk(row: tuple, ops: Mapping[int, OpInfo] | None) -> _Columns:
     return _Columns(seq, op_id, call, n_out, n_in, start, index, entries, a)
 
 
-def _chunk_events(c: _Columns) -> list[Event]:
-    """Event objects of a decoded chunk."""
+def _chunk_events(c: _Columns, seqs: tuple[int, int] | None = None) -> list[Event]:
+    """Event objects of a decoded chunk (with ``seqs`` (lo, hi): of its executions with a seq
+    in that range only)."""
+    lo, hi = seqs if seqs is not None else (-(1 << 63), (1 << 63) - 1)
     table: list[Any] = list(zip(c.entries[:, 0].tolist(), c.entries[:, 1].tolist(), strict=True))
     table.append(None)  # index -1
     slots = [table[i] for i in c.index.tolist()]
@@ -997,7 +1000,8 @@ def _chunk_events(c: _Columns) -> list[Event]:
         reruns,
         strict=True,
     ):
-        append(Event(seq, op_id, call, slots[s:m], slots[m:e] if has else None, shape, again))
+        if lo <= seq <= hi:
+            append(Event(seq, op_id, call, slots[s:m], slots[m:e] if has else None, shape, again))
     return events
 
 
@@ -1005,16 +1009,32 @@ _CHUNK_COLUMNS = "first_seq, events, outputs, inputs, entries, arrays, data"
 
 
 def _read_chunks(
-    con: sqlite3.Connection, run_id: str, ops: Mapping[int, OpInfo]
+    con: sqlite3.Connection,
+    run_id: str,
+    ops: Mapping[int, OpInfo],
+    seqs: tuple[int, int] | None = None,
 ) -> Iterable[tuple[int, _Columns]]:
-    """The run's chunks, decoded, in order (RowError: a chunk is missing or damaged)."""
+    """The run's chunks, decoded, in order (RowError: a chunk is missing or damaged); with
+    ``seqs`` (lo, hi) only those that may hold an execution in that range."""
+    query = f"SELECT chunk, {_CHUNK_COLUMNS} FROM chunks WHERE run_id = ? ORDER BY chunk"
+    if seqs is not None:
+        starts = con.execute(
+            "SELECT chunk, first_seq FROM chunks WHERE run_id = ? ORDER BY chunk", (run_id,)
+        ).fetchall()
+        lo, hi = seqs
+        for i, (number, first) in enumerate(starts):
+            if first <= hi and (i + 1 == len(starts) or starts[i + 1][1] > lo):
+                row = con.execute(
+                    f"SELECT {_CHUNK_COLUMNS} FROM chunks WHERE run_id = ? AND chunk = ?",
+                    (run_id, number),
+                ).fetchone()
+                try:
+                    yield number, _decode_chunk(tuple(row), ops)
+                except RowError as exc:
+                    raise RowError(f"chunk {number}: {exc}") from None
+        return
     last = None
-    for k, (number, *row) in enumerate(
-        con.execute(
-            f"SELECT chunk, {_CHUNK_COLUMNS} FROM chunks WHERE run_id = ? ORDER BY chunk",
-            (run_id,),
-        )
-    ):
+    for k, (number, *row) in enumerate(con.execute(query, (run_id,))):
         if number != k:
             raise RowError(f"its chunk {k} is missing (the next is {number!r})")
         try:
@@ -1083,15 +1103,21 @@ def _has_rows(con: sqlite3.Connection, run_id: str, tables: set[str]) -> bool:
     )
 
 
-def _read_run(con: sqlite3.Connection, row: tuple, tables: set[str]) -> Recording:
-    """One run, every row checked against the data model (RowError says what is wrong)."""
+def _read_run(
+    con: sqlite3.Connection, row: tuple, tables: set[str], seqs: tuple[int, int] | None = None
+) -> Recording:
+    """One run, every row checked against the data model (RowError says what is wrong); with
+    ``seqs`` (lo, hi) only its op executions in that range of seqs."""
     rec = _read_header(con, row)
     run_id = rec.run_id
+    lo, hi = seqs if seqs is not None else (-(1 << 63), (1 << 63) - 1)
     if "events" in tables:
+        # (Without a range, every row is read: one whose seq is not a number must be seen.)
+        in_range, args = ("AND seq BETWEEN ? AND ? ", (lo, hi)) if seqs is not None else ("", ())
         for seq, op_id, call, digests, inputs, shapes in con.execute(
             "SELECT seq, op_id, call, digests, inputs, shapes FROM events "
-            "WHERE run_id = ? ORDER BY seq",
-            (run_id,),
+            f"WHERE run_id = ? {in_range}ORDER BY seq",
+            (run_id, *args),
         ):
             where = f"event seq {seq!r}"
             ev = event_from_row(
@@ -1107,16 +1133,18 @@ def _read_run(con: sqlite3.Connection, row: tuple, tables: set[str]) -> Recordin
             rec.events.append(ev)
     if "chunks" in tables:
         rows = bool(rec.events)
-        for k, chunk in _read_chunks(con, run_id, rec.ops):
+        for k, chunk in _read_chunks(con, run_id, rec.ops, seqs):
             if rows:
                 raise RowError(f"its op executions are both in events rows and in chunk {k}")
-            rec.events.extend(_chunk_events(chunk))
+            rec.events.extend(_chunk_events(chunk, seqs))
     if "reruns" in tables:
         by_seq = {ev.seq: ev for ev in rec.events}
         for seq, digests in con.execute(
             "SELECT seq, digests FROM reruns WHERE run_id = ?", (run_id,)
         ):
             if seq not in by_seq:
+                if seqs is not None:
+                    continue  # outside the range read
                 raise RowError(f"reruns name event seq {seq!r}, which is not in the events table")
             by_seq[seq].reruns = reruns_from_row(_json(digests, f"reruns of seq {seq}"), seq)
     for name, dtype, blob in con.execute(
@@ -1124,6 +1152,9 @@ def _read_run(con: sqlite3.Connection, row: tuple, tables: set[str]) -> Recordin
     ):
         what = f"captured value {name!r}"
         _text(name, "a captured value's name")
+        head = str(name).split(":")[0]
+        if seqs is not None and not (head.lstrip("-").isdigit() and lo <= int(head) <= hi):
+            continue  # the value of an execution outside the range read
         _text(dtype, f"{what}: dtype")
         if not isinstance(blob, bytes):
             raise RowError(f"{what} is {type(blob).__name__}, not .npy bytes")
@@ -1177,9 +1208,10 @@ def salvage(path: str) -> tuple[list[Recording], list[str]]:
         con.close()
 
 
-def load_run(path: str, run_id: str) -> Recording:
+def load_run(path: str, run_id: str, seqs: tuple[int, int] | None = None) -> Recording:
     """The run ``run_id`` of ``path`` alone (RecordingFileError if it is not there or is
-    damaged)."""
+    damaged); with ``seqs`` (lo, hi) only its op executions with a seq in that range (a
+    window of a long run: the chunks outside it are not read)."""
     con = _connect(path, create=False)
     try:
         _check_format(con, path)
@@ -1193,7 +1225,7 @@ def load_run(path: str, run_id: str) -> Recording:
             if row is None:
                 raise RecordingFileError(f"{path}: holds no run with run_id {run_id}")
             with _no_gc():
-                return _read_run(con, row, tables)
+                return _read_run(con, row, tables, seqs)
         except RowError as exc:
             raise RecordingFileError(f"{path}: damaged: {exc}, run_id {run_id[:8]}") from exc
         except sqlite3.DatabaseError as exc:
@@ -1723,16 +1755,135 @@ def _event_hashes(run: RunColumns, start: int, stop: int) -> np.ndarray:
     return sums[offs[1:]] - sums[offs[:-1]] + counts.astype(np.uint64) * _MIX[5]
 
 
-def _call_sums(run: RunColumns, key: Any, start: int, stop: int, starts: np.ndarray) -> np.ndarray:
-    """Per call (its executions start at ``starts``, relative to ``start``), the sum of a
-    64-bit hash of each execution's op key and output digests: the same for the same
-    executions in any order."""
+def _execution_hashes(run: RunColumns, key: Any, start: int, stop: int) -> np.ndarray:
+    """A 64-bit hash of each execution's op key and output digests."""
     x = _event_hashes(run, start, stop) ^ (key(run.op_id[start:stop]).astype(np.uint64) * _MIX[2])
     x ^= x >> np.uint64(30)
     x *= _MIX[4]
     x ^= x >> np.uint64(27)
     x *= _MIX[5]
     x ^= x >> np.uint64(31)
+    return x
+
+
+def call_numbers(run: RunColumns) -> np.ndarray:
+    """The 0-based number of the call each execution ran in: a call is a run of consecutive
+    executions with the same ``call`` (a top-level op and the graph ops it ran)."""
+    if run.call is None:
+        raise ValueError("call numbers need the call field (load_columns(..., fields=...))")
+    changes = np.zeros(len(run.call), np.int32)
+    changes[1:] = run.call[1:] != run.call[:-1]
+    return np.cumsum(changes, dtype=np.int32)
+
+
+def call_differences(
+    a: RunColumns,
+    b: RunColumns,
+    calls_a: np.ndarray | None = None,
+    calls_b: np.ndarray | None = None,
+    block: int = 1 << 20,
+) -> np.ndarray:
+    """Per call of ``a``, how many of its executions have no equal one (same op key and
+    output digests) in ``b``'s call of the same number (a call ``b`` lacks: all of them).
+    ``calls_a``/``calls_b``: their :func:`call_numbers`, if already made. Vectorised, about
+    ``block`` executions of ``a`` at a time (whole calls), so memory stays bounded."""
+    key_a, key_b = _key_codes(a, b)
+    calls_a = call_numbers(a) if calls_a is None else calls_a
+    calls_b = call_numbers(b) if calls_b is None else calls_b
+    n = int(calls_a[-1]) + 1 if len(calls_a) else 0
+    counts = np.zeros(n, np.int64)
+
+    def salted(run: RunColumns, key: Any, calls: np.ndarray, start: int, stop: int) -> Any:
+        x = _execution_hashes(run, key, start, stop)
+        x ^= (calls[start:stop].astype(np.uint64) + np.uint64(1)) * _MIX[1]
+        x *= _MIX[4]
+        x ^= x >> np.uint64(29)
+        return x
+
+    start = 0
+    while start < len(a):
+        stop = min(len(a), start + block)
+        if stop < len(a):  # to the end of a call
+            stop = int(np.searchsorted(calls_a, calls_a[stop - 1], side="right"))
+        lo, hi = int(calls_a[start]), int(calls_a[stop - 1])
+        b_start = int(np.searchsorted(calls_b, lo, side="left"))
+        b_stop = int(np.searchsorted(calls_b, hi, side="right"))
+        mine = salted(a, key_a, calls_a, start, stop)
+        theirs = np.sort(salted(b, key_b, calls_b, b_start, b_stop))
+        at = np.minimum(np.searchsorted(theirs, mine), max(len(theirs) - 1, 0))
+        unmatched = theirs[at] != mine if len(theirs) else np.ones(len(mine), bool)
+        counts += np.bincount(calls_a[start:stop][unmatched], minlength=n)
+        start = stop
+    return counts
+
+
+def seq_range(path: str, run_id: str, start: int, stop: int) -> tuple[int, int]:
+    """The smallest and largest seq among the run's executions ``start`` to ``stop - 1`` (in
+    seq order, as :func:`load_columns` numbers them), reading only the chunks that hold them."""
+    if not 0 <= start < stop:
+        raise ValueError(f"an empty or negative range of executions: {start}..{stop}")
+    con = _connect(path, create=False)
+    try:
+        _check_format(con, path)
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        seqs: list[int] = []
+        if "events" in tables:
+            seqs += [
+                int(r[0])
+                for r in con.execute(
+                    "SELECT seq FROM events WHERE run_id = ? ORDER BY seq LIMIT ? OFFSET ?",
+                    (run_id, stop - start, start),
+                )
+            ]
+        if not seqs and "chunks" in tables:
+            at = 0
+            for number, n in con.execute(
+                "SELECT chunk, events FROM chunks WHERE run_id = ? ORDER BY chunk", (run_id,)
+            ).fetchall():
+                if at + n > start and at < stop:
+                    row = con.execute(
+                        f"SELECT {_CHUNK_COLUMNS} FROM chunks WHERE run_id = ? AND chunk = ?",
+                        (run_id, number),
+                    ).fetchone()
+                    c = _decode_chunk(tuple(row), None)
+                    seqs += c.seq[max(0, start - at) : stop - at].tolist()
+                at += n
+        if not seqs:
+            raise RecordingFileError(f"{path}: run {run_id[:8]} has no executions {start}..{stop}")
+        return min(seqs), max(seqs)
+    except (sqlite3.DatabaseError, RowError) as exc:
+        raise RecordingFileError(f"{path}: the recording is damaged or incomplete ({exc})") from exc
+    finally:
+        con.close()
+
+
+def run_index(path: str) -> list[tuple[str, str, str, int]]:
+    """Each run of ``path`` as (run_id, label, kind, op executions), in file order, without
+    reading its op executions."""
+    con = _connect(path, create=False)
+    try:
+        _check_format(con, path)
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        sizes: dict[str, int] = defaultdict(int)
+        for table, count in (("events", "COUNT(*)"), ("chunks", "SUM(events)")):
+            if table in tables:
+                for run_id, n in con.execute(
+                    f"SELECT run_id, {count} FROM {table} GROUP BY run_id"
+                ):
+                    sizes[str(run_id)] += int(n or 0)
+        rows = con.execute("SELECT run_id, label, kind FROM runs ORDER BY ordinal").fetchall()
+        return [(str(r), str(label), str(kind), sizes[str(r)]) for r, label, kind in rows]
+    except sqlite3.DatabaseError as exc:
+        raise RecordingFileError(f"{path}: the recording is damaged or incomplete ({exc})") from exc
+    finally:
+        con.close()
+
+
+def _call_sums(run: RunColumns, key: Any, start: int, stop: int, starts: np.ndarray) -> np.ndarray:
+    """Per call (its executions start at ``starts``, relative to ``start``), the sum of a
+    64-bit hash of each execution's op key and output digests: the same for the same
+    executions in any order."""
+    x = _execution_hashes(run, key, start, stop)
     sums = np.zeros(len(x) + 1, np.uint64)
     np.cumsum(x, out=sums[1:])
     ends = np.append(starts[1:], stop - start)

@@ -12,11 +12,12 @@ code) has no steps: its first divergence is placed by execution only.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from nddebug.recording import Event, Recording
+from nddebug.recording import Event, OpInfo, Recording
 
 #: The pseudo-op of a step folded into one digest (nddebug.tracer.steps.STEP_OP).
 STEP_OP = "Step"
@@ -58,27 +59,51 @@ class FirstDivergence:
         return text
 
 
+@dataclass
+class Window:
+    """Long runs compared as arrays of digests, call by call, with only the first divergent
+    call analysed op by op (:mod:`nddebug.longruns`): where that call sits in the whole run."""
+
+    step: int | None  # the whole run's step the window's call belongs to (None: no steps)
+    steps: int  # steps of the whole reference run
+    first_index: int  # index in the whole reference run of the window's first execution
+    executions: int  # op executions of the whole reference run, all compared
+    timeline: list[int]  # executions that differ, per step of the whole reference run
+    executed: frozenset[int]  # op ids the reference run executed anywhere (for risks)
+
+    def place(self, fd: FirstDivergence | None) -> FirstDivergence | None:
+        """A first divergence found in the window, placed in the whole run."""
+        if fd is None:
+            return None
+        return dataclasses.replace(
+            fd, step=self.step, steps=self.steps, index=self.first_index + fd.index
+        )
+
+
 def step_calls(rec: Recording) -> list[int]:
     """The seqs of the reference run's step calls, in order (empty: no steps). A run recorded
     with ``detail="steps"`` or ``"step:K"`` has its folded steps as ``Step`` pseudo-executions:
     each is a step too, and comes before the calls recorded in full."""
+    return steps_among([(ev.seq, rec.ops.get(ev.op_id)) for ev in rec.events if ev.call == ev.seq])
+
+
+def steps_among(eager: list[tuple[int, OpInfo | None]]) -> list[int]:
+    """:func:`step_calls` over a run's top-level executions, given as (seq, op) in order."""
     calls: Counter[str] = Counter()
     first: dict[str, int] = {}
-    eager = [ev for ev in rec.events if ev.call == ev.seq]
     folded = []
-    for ev in eager:
-        op = rec.ops.get(ev.op_id)
+    for seq, op in eager:
         if op is None:
             continue
         if op.op_type == STEP_OP:
-            folded.append(ev.seq)
+            folded.append(seq)
         elif op.function or op.op_type == "Session.run":
             calls[op.key] += 1
-            first.setdefault(op.key, ev.seq)
+            first.setdefault(op.key, seq)
     if not calls:
         return folded
     top = max(calls, key=lambda k: (calls[k], -first[k]))
-    return sorted(folded + [ev.seq for ev in eager if rec.ops[ev.op_id].key == top])
+    return sorted(folded + [seq for seq, op in eager if op is not None and op.key == top])
 
 
 def step_of(steps: list[int], call_seq: int) -> int | None:

@@ -255,3 +255,55 @@ def test_a_long_block_with_a_path_is_written_as_it_runs(tmp_path: Any, monkeypat
     # One digest per step streams too.
     steps, _ = run(path, detail="steps")
     assert len(steps.whole().events) == 150
+
+
+def test_long_runs_in_a_file_are_compared_as_arrays(tmp_path: Any) -> None:
+    """compare_file reads long runs as arrays of digests and only the first divergent call in
+    full: the same step, op, role and timeline as comparing the runs loaded whole."""
+    from nddebug import storage
+    from nddebug.longruns import compare_file
+
+    path = str(tmp_path / "runs.nddebug")
+    for rec in _loop(200, differ_at=137):
+        rec.save(path)
+    whole = nddebug.compare(nddebug.load(path))
+    report = compare_file(path, long_run=500)  # 2,000 executions per run: "long"
+    assert report.window is not None and report.window.executions == 2000
+    assert all(len(r.events) == 10 for r in report.recordings)  # one call of each run read
+    fd, expected = report.first_divergence, whole.first_divergence
+    assert fd is not None and expected is not None
+    assert (
+        (fd.step, fd.steps, fd.op_type, fd.role, fd.index)
+        == (
+            expected.step,
+            expected.steps,
+            expected.op_type,
+            expected.role,
+            expected.index,
+        )
+        == (137, 200, "MatMul", "source", expected.index)
+    )
+    assert set(report.sources["op_type"]) == {"MatMul"}
+    assert not any(report.timeline[:136]) and all(report.timeline[136:])
+    assert report.timeline[136] == whole.timeline[136]
+    text = str(report)
+    assert "first part at step 137 of 200" in text and "compared as digests" in text
+    # Identical runs: ok, every execution compared.
+    same = str(tmp_path / "same.nddebug")
+    for rec in _loop(50, differ_at=None):
+        rec.save(same)
+    assert [n for *_, n in storage.run_index(same)] == [500, 500]
+    assert compare_file(same, long_run=100).ok
+    # `nddebug report` takes the same path for long runs.
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "report", "--format", "json", path],
+        capture_output=True,
+        text=True,
+        env=subprocess_env({"NDDEBUG_LONG_RUN": "500"}),
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["first_divergence"]["step"] == 137
+    assert summary["op_executions_per_run"] == 2000
+    assert any("compared as digests" in n for n in summary["notes"]), summary["notes"]
