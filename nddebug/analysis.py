@@ -435,8 +435,10 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
         if f.op.resource and f.op.op_type not in ("ReadVariableOp", "VariableState"):
             # Every divergent update counts, whatever its role: a source's later updates
             # differ because of its first one, and they change the variable all the same.
+            # Only updates the reference run made: one that ran in another run only has no
+            # place in the reference's order, so it cannot be said to come first.
             units = f.divergent_units or f.units
-            writes[f.op.resource] += [(u[0], ref_seq.get(u, -1)) for u in units]
+            writes[f.op.resource] += [(u[0], ref_seq[u]) for u in units if u in ref_seq]
 
     def written_before(f: OpFinding, u: Unit) -> bool:
         """Whether a divergent update of ``f``'s variable ran before execution ``u``."""

@@ -50,6 +50,10 @@ def compare_file(path: str, long_run: int | None = None) -> Report:
         return compare(storage.load(path))
     ref = runs[0]
     calls = [storage.call_numbers(r) for r in runs]
+    if len({int(c[-1]) if len(c) else -1 for c in calls}) > 1:
+        # Another number of calls: the paths part somewhere, and calls cannot be matched by
+        # number after it. The whole comparison aligns them by their ops.
+        return compare(storage.load(path))
     first: int | None = None
     for run in runs[1:]:
         i = storage.first_difference(ref, run, order="call")
@@ -60,6 +64,9 @@ def compare_file(path: str, long_run: int | None = None) -> Report:
         k = int(calls[0][i])
         first = k if first is None else min(first, k)
     window = first if first is not None else int(calls[0][-1])
+    end = int(np.searchsorted(calls[0], window, side="right")) - 1
+    if ref.call is not None and ref.call[end] < 0:
+        return compare(storage.load(path))  # executions no call claimed: compared whole
     ranges = []
     for run, numbers in zip(runs, calls, strict=True):
         at = np.flatnonzero(numbers == window)  # calls are numbered in order: one stretch
@@ -90,6 +97,7 @@ def _window(runs: list[storage.RunColumns], calls: list[np.ndarray], window: int
     per_call = np.zeros(len(ends), np.int64)
     for run, theirs in zip(runs[1:], calls[1:], strict=True):
         np.maximum(per_call, storage.call_differences(ref, run, numbers, theirs), out=per_call)
+    per_call[ref.call[ends] < 0] = 0  # no call claimed them: in no step (as divergence_per_step)
     timeline = np.zeros(len(steps), np.int64)
     if steps:
         # A call belongs to the step of the first step call at or after it (step_of).

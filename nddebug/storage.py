@@ -1785,7 +1785,9 @@ def call_differences(
 ) -> np.ndarray:
     """Per call of ``a``, how many of its executions have no equal one (same op key and
     output digests) in ``b``'s call of the same number (a call ``b`` lacks: all of them).
-    ``calls_a``/``calls_b``: their :func:`call_numbers`, if already made. Vectorised, about
+    (An execution counts as matched if an equal one is there at all: two equal executions
+    against one count no difference.) ``calls_a``/``calls_b``: their :func:`call_numbers`, if
+    already made. Vectorised, about
     ``block`` executions of ``a`` at a time (whole calls), so memory stays bounded."""
     key_a, key_b = _key_codes(a, b)
     calls_a = call_numbers(a) if calls_a is None else calls_a

@@ -255,6 +255,12 @@ def test_a_long_block_with_a_path_is_written_as_it_runs(tmp_path: Any, monkeypat
     # One digest per step streams too.
     steps, _ = run(path, detail="steps")
     assert len(steps.whole().events) == 150
+    # Every call fills a chunk: nothing is left in memory at the end, and that is no sign
+    # of an empty block.
+    monkeypatch.setattr(storage, "CHUNK_EVENTS", 10)
+    each, _ = run(str(tmp_path / "each.nddebug"))
+    assert each.events == [] and len(each.whole().events) == 1500
+    assert not any("No TensorFlow op ran" in w for w in each.warnings + each.whole().warnings)
 
 
 def test_long_runs_in_a_file_are_compared_as_arrays(tmp_path: Any) -> None:

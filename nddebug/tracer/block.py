@@ -80,7 +80,7 @@ def trace(
         raise
     finally:
         recorder.stop()
-        if not rec.events:
+        if not rec.events and not (recorder.stream is not None and recorder.stream.started):
             rec.warnings.append(
                 "No TensorFlow op ran inside the block: nothing was recorded. Put the training "
                 "step itself (not only the model construction) inside nddebug.trace()."

@@ -60,14 +60,25 @@ class EventStream:
         """Append what is left, close the run with its final status, warnings, environment,
         ops and captured values, and empty the Recording (see :meth:`Recording.whole`)."""
         rec = self.recording
-        self.writer.append(sorted(rec.events, key=lambda e: e.seq), rec.ops)
-        self.writer.close(
-            rec.status,
-            warnings=list(rec.warnings),
-            environment=rec.environment,
-            values=rec.values,
-            ops=rec.ops,
-        )
+        try:
+            self.writer.append(sorted(rec.events, key=lambda e: e.seq), rec.ops)
+            self.writer.close(
+                rec.status,
+                warnings=list(rec.warnings),
+                environment=rec.environment,
+                values=rec.values,
+                ops=rec.ops,
+            )
+        except BaseException:
+            # The file keeps the chunks written so far, as an interrupted run; this Recording
+            # keeps the rest. Neither is the whole run, and both say so.
+            rec.status = "interrupted"
+            rec.warnings.append(
+                f"The run could not be completed in {self.path}: its first "
+                f"{self.writer.events_written} op executions are there (an interrupted run) "
+                f"and only the last {len(rec.events)} are in this Recording."
+            )
+            raise
         rec.events = []
         rec.values = {}
         rec.streamed_to = self.path
