@@ -311,6 +311,23 @@ def test_an_identity_of_a_product_keeps_the_chain_rewrite() -> None:
     assert sorted(muls) == ["mul_2", "mul_3"]
 
 
+def test_products_returned_from_loop_bodies_and_branches_are_recorded() -> None:
+    """A product that only the Identity returning it reads is recorded once its graph (a
+    while-loop body, a cond branch) is complete, and runs there in every iteration."""
+
+    @tf.function
+    def step(x):
+        y = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.identity(v * 2.0)), (0, x))[1]
+        return tf.cond(tf.reduce_sum(y) > 0, lambda: tf.identity(y * 3.0), lambda: y)
+
+    x = tf.ones([8])
+    with nddebug.trace() as rec:
+        out = step(x)
+    assert out.numpy().tolist() == [24.0] * 8
+    muls = [e for e in rec.events if rec.ops[e.op_id].op_type == "Mul"]
+    assert len(muls) == 4  # three loop iterations and the branch taken
+
+
 def test_a_shape_read_is_never_a_source() -> None:
     """Shape ops record no inputs (they read none of their values): when a shape differs, the
     op that made it is the source, not the Shape that read it."""
