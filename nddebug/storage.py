@@ -38,7 +38,7 @@ import threading
 import uuid
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -1178,10 +1178,10 @@ def _no_gc() -> Any:
             gc.enable()
 
 
-def salvage(path: str) -> tuple[list[Recording], list[str]]:
-    """The runs of ``path`` that read back whole, and one line per run that does not (what is
-    wrong with it). For a damaged file: save the runs into a new file to keep them. Raises
-    RecordingFileError only if the file as a whole is unreadable."""
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[tuple[sqlite3.Connection, set[str]]]:
+    """An existing recording file open for reading, its format checked, with the names of its
+    tables; an SQLite error while it is read is a RecordingFileError."""
     con = _connect(path, create=False)
     try:
         _check_format(con, path)
@@ -1189,51 +1189,46 @@ def salvage(path: str) -> tuple[list[Recording], list[str]]:
             tables = {
                 r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
-            runs = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY ordinal").fetchall()
-            out, problems = [], []
-            with _no_gc():
-                for n, row in enumerate(runs, 1):
-                    label = row[1]
-                    name = f"run {n} of {len(runs)} (label {label!r}, run_id {str(row[0])[:8]})"
-                    try:
-                        out.append(_read_run(con, row, tables))
-                    except RowError as exc:
-                        problems.append(" ".join(f"{exc}, {name}".split()))  # one line
-            return out, problems
+            yield con, tables
         except sqlite3.DatabaseError as exc:
             raise RecordingFileError(
                 f"{path}: the recording is damaged or incomplete ({exc})"
             ) from exc
     finally:
         con.close()
+
+
+def salvage(path: str) -> tuple[list[Recording], list[str]]:
+    """The runs of ``path`` that read back whole, and one line per run that does not (what is
+    wrong with it). For a damaged file: save the runs into a new file to keep them. Raises
+    RecordingFileError only if the file as a whole is unreadable."""
+    with _reading(path) as (con, tables):
+        runs = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY ordinal").fetchall()
+        out, problems = [], []
+        with _no_gc():
+            for n, row in enumerate(runs, 1):
+                label = row[1]
+                name = f"run {n} of {len(runs)} (label {label!r}, run_id {str(row[0])[:8]})"
+                try:
+                    out.append(_read_run(con, row, tables))
+                except RowError as exc:
+                    problems.append(" ".join(f"{exc}, {name}".split()))  # one line
+        return out, problems
 
 
 def load_run(path: str, run_id: str, seqs: tuple[int, int] | None = None) -> Recording:
     """The run ``run_id`` of ``path`` alone (RecordingFileError if it is not there or is
     damaged); with ``seqs`` (lo, hi) only its op executions with a seq in that range (a
     window of a long run: the chunks outside it are not read)."""
-    con = _connect(path, create=False)
-    try:
-        _check_format(con, path)
+    with _reading(path) as (con, tables):
+        row = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RecordingFileError(f"{path}: holds no run with run_id {run_id}")
         try:
-            tables = {
-                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            row = con.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise RecordingFileError(f"{path}: holds no run with run_id {run_id}")
             with _no_gc():
                 return _read_run(con, row, tables, seqs)
         except RowError as exc:
             raise RecordingFileError(f"{path}: damaged: {exc}, run_id {run_id[:8]}") from exc
-        except sqlite3.DatabaseError as exc:
-            raise RecordingFileError(
-                f"{path}: the recording is damaged or incomplete ({exc})"
-            ) from exc
-    finally:
-        con.close()
 
 
 def load(path: str) -> list[Recording]:
@@ -1618,36 +1613,24 @@ def load_columns(path: str, fields: Iterable[str] = COLUMN_FIELDS) -> list[RunCo
     ``fields`` picks among ``seq``, ``call``, ``outputs`` and ``inputs``. Runs of format-1/2
     files are converted from their rows. A damaged run raises RecordingFileError naming it."""
     wanted = _fields(fields)
-    con = _connect(path, create=False)
-    try:
-        _check_format(con, path)
-        try:
-            tables = {
-                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            runs = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY ordinal").fetchall()
-            out = []
-            for n, row in enumerate(runs, 1):
-                try:
-                    header = _read_header(con, row)
-                    if _has_rows(con, header.run_id, tables):
-                        rec = _read_run(con, row, tables)
-                        out.append(columns_from_recording(rec, wanted))
-                    else:
-                        out.append(_columns_of_chunks(con, header, wanted))
-                except RowError as exc:
-                    name = f"run {n} of {len(runs)} (label {row[1]!r}, run_id {str(row[0])[:8]})"
-                    raise RecordingFileError(
-                        f"{path}: damaged: {' '.join(f'{exc}, {name}'.split())}; "
-                        "nddebug.storage.salvage(path) returns the runs that read back whole"
-                    ) from None
-            return out
-        except sqlite3.DatabaseError as exc:
-            raise RecordingFileError(
-                f"{path}: the recording is damaged or incomplete ({exc})"
-            ) from exc
-    finally:
-        con.close()
+    with _reading(path) as (con, tables):
+        runs = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY ordinal").fetchall()
+        out = []
+        for n, row in enumerate(runs, 1):
+            try:
+                header = _read_header(con, row)
+                if _has_rows(con, header.run_id, tables):
+                    rec = _read_run(con, row, tables)
+                    out.append(columns_from_recording(rec, wanted))
+                else:
+                    out.append(_columns_of_chunks(con, header, wanted))
+            except RowError as exc:
+                name = f"run {n} of {len(runs)} (label {row[1]!r}, run_id {str(row[0])[:8]})"
+                raise RecordingFileError(
+                    f"{path}: damaged: {' '.join(f'{exc}, {name}'.split())}; "
+                    "nddebug.storage.salvage(path) returns the runs that read back whole"
+                ) from None
+        return out
 
 
 def _key_codes(a: RunColumns, b: RunColumns) -> tuple[Any, Any]:
@@ -1824,10 +1807,7 @@ def seq_range(path: str, run_id: str, start: int, stop: int) -> tuple[int, int]:
     seq order, as :func:`load_columns` numbers them), reading only the chunks that hold them."""
     if not 0 <= start < stop:
         raise ValueError(f"an empty or negative range of executions: {start}..{stop}")
-    con = _connect(path, create=False)
-    try:
-        _check_format(con, path)
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    with _reading(path) as (con, tables):
         seqs: list[int] = []
         if "events" in tables:
             seqs += [
@@ -1847,25 +1827,23 @@ def seq_range(path: str, run_id: str, start: int, stop: int) -> tuple[int, int]:
                         f"SELECT {_CHUNK_COLUMNS} FROM chunks WHERE run_id = ? AND chunk = ?",
                         (run_id, number),
                     ).fetchone()
-                    c = _decode_chunk(tuple(row), None)
+                    try:
+                        c = _decode_chunk(tuple(row), None)
+                    except RowError as exc:
+                        raise RecordingFileError(
+                            f"{path}: damaged: chunk {number}: {exc}"
+                        ) from None
                     seqs += c.seq[max(0, start - at) : stop - at].tolist()
                 at += n
         if not seqs:
             raise RecordingFileError(f"{path}: run {run_id[:8]} has no executions {start}..{stop}")
         return min(seqs), max(seqs)
-    except (sqlite3.DatabaseError, RowError) as exc:
-        raise RecordingFileError(f"{path}: the recording is damaged or incomplete ({exc})") from exc
-    finally:
-        con.close()
 
 
 def run_index(path: str) -> list[tuple[str, str, str, int]]:
     """Each run of ``path`` as (run_id, label, kind, op executions), in file order, without
     reading its op executions."""
-    con = _connect(path, create=False)
-    try:
-        _check_format(con, path)
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    with _reading(path) as (con, tables):
         sizes: dict[str, int] = defaultdict(int)
         for table, count in (("events", "COUNT(*)"), ("chunks", "SUM(events)")):
             if table in tables:
@@ -1875,10 +1853,6 @@ def run_index(path: str) -> list[tuple[str, str, str, int]]:
                     sizes[str(run_id)] += int(n or 0)
         rows = con.execute("SELECT run_id, label, kind FROM runs ORDER BY ordinal").fetchall()
         return [(str(r), str(label), str(kind), sizes[str(r)]) for r, label, kind in rows]
-    except sqlite3.DatabaseError as exc:
-        raise RecordingFileError(f"{path}: the recording is damaged or incomplete ({exc})") from exc
-    finally:
-        con.close()
 
 
 def _call_sums(run: RunColumns, key: Any, start: int, stop: int, starts: np.ndarray) -> np.ndarray:

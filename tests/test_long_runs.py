@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,11 @@ from nddebug.timeline import sparkline, step_of
 from tests.helpers import subprocess_env
 
 
-def _loop(steps: int, differ_at: int | None, value: float = 0.9, detail: str = "ops") -> list[Any]:
-    """Two runs of a ``steps``-step loop; in the second, call ``differ_at`` alone gets an input
-    that differs (as a value read from outside TensorFlow would)."""
+def _small_loop() -> Callable[..., Any]:
+    """A fresh small training step (8x8 matmul, tanh, gradient, update) and a function that
+    traces ``steps`` calls of it from the same initial weights, call ``differ_at`` alone
+    getting an input that differs (as a value read from outside TensorFlow would). With
+    ``held``, the number of op executions in memory after each call is appended to it."""
     w = tf.Variable(tf.ones([8, 8]) * 0.1)
 
     @tf.function
@@ -29,17 +32,33 @@ def _loop(steps: int, differ_at: int | None, value: float = 0.9, detail: str = "
         w.assign_sub(0.05 * tape.gradient(loss, w))
         return loss
 
-    recs = []
-    for run in range(2):
+    def run(
+        steps: int,
+        differ_at: int | None = None,
+        value: float = 0.9,
+        detail: str = "ops",
+        path: str | None = None,
+        held: list[int] | None = None,
+    ) -> Any:
         w.assign(tf.ones([8, 8]) * 0.1)
-        with nddebug.trace(detail=detail) as rec:
+        with nddebug.trace(path=path, detail=detail) as rec:
             for k in range(1, steps + 1):
                 x = np.full([4, 8], 0.5, np.float32)
-                if run == 1 and k == differ_at:
+                if k == differ_at:
                     x[0, 0] = value
                 step(tf.constant(x))
-        recs.append(rec)
-    return recs
+                if held is not None:
+                    held.append(len(rec.events))
+        return rec
+
+    return run
+
+
+def _loop(steps: int, differ_at: int | None, value: float = 0.9, detail: str = "ops") -> list[Any]:
+    """Two runs of a ``steps``-step loop; in the second, call ``differ_at`` alone gets an input
+    that differs."""
+    run = _small_loop()
+    return [run(steps, detail=detail), run(steps, differ_at, value, detail)]
 
 
 def test_first_divergence_names_the_step_and_the_op() -> None:
@@ -219,26 +238,11 @@ def test_a_long_block_with_a_path_is_written_as_it_runs(tmp_path: Any, monkeypat
     from nddebug import storage
 
     monkeypatch.setattr(storage, "CHUNK_EVENTS", 300)
-    w = tf.Variable(tf.ones([8, 8]) * 0.1)
-
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.tanh(tf.matmul(x, w)))
-        w.assign_sub(0.05 * tape.gradient(loss, w))
-        return loss
+    loop = _small_loop()
 
     def run(path: str | None, differ_at: int | None = None, detail: str = "ops") -> Any:
-        w.assign(tf.ones([8, 8]) * 0.1)
-        held = []
-        with nddebug.trace(path=path, detail=detail) as rec:
-            for k in range(1, 151):
-                x = np.full([4, 8], 0.5, np.float32)
-                if k == differ_at:
-                    x[0, 0] = 0.7
-                step(tf.constant(x))
-                held.append(len(rec.events))
-        return rec, held
+        held: list[int] = []
+        return loop(150, differ_at, 0.7, detail, path, held), held
 
     path = str(tmp_path / "long.nddebug")
     plain, _ = run(None)
