@@ -7,6 +7,8 @@ the digest, and what by definition must not).
 
 from __future__ import annotations
 
+import os
+import platform
 import zlib
 
 import ml_dtypes
@@ -593,3 +595,39 @@ def test_native_digest_gate_off_reads_nothing():
     out = lib.digest(tf.constant(0), [tf.constant(a), tf.constant(a[:5])])
     assert pairs(out) == [(0, 0), (0, 0)]
     assert pairs(lib.digest(tf.constant(1), [tf.constant(a)])) == [digest_numpy(a)]
+
+
+def _extreme_words(n: int, seed: int) -> np.ndarray:
+    """Words that stress the 32-bit halves of the SIMD multiply: random, all ones, the sign
+    bit alone, the top half set, the bottom half set, and zeros, mixed."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 2**64, size=n, dtype=np.uint64)
+    specials = np.array(
+        [2**64 - 1, 2**63, 2**63 - 1, 0xFFFFFFFF00000000, 0x00000000FFFFFFFF, 0, 1, 2**32],
+        dtype=np.uint64,
+    )
+    at = rng.integers(0, max(n, 1), size=n // 3)
+    words[at] = specials[rng.integers(0, len(specials), size=len(at))]
+    return words
+
+
+@pytest.mark.parametrize(
+    "nbytes", [0, 1, 7, 8, 31, 32, 33, 8 * BLOCK - 3, 8 * BLOCK, 8 * BLOCK + 24, 24 * BLOCK + 13]
+)
+def test_native_simd_and_portable_loops_give_the_reference_digest(nbytes):
+    """The AVX2 loop (chosen at run time where the CPU has it) and the portable loop give
+    digest_numpy's value on the same bytes, odd lengths and extreme words included."""
+    lib = _native()
+    data = _extreme_words(nbytes // 8 + 1, nbytes).tobytes()[:nbytes]
+    ref = digest_numpy(np.frombuffer(data, np.uint8))
+    try:
+        assert lib.set_simd(False) is False
+        portable = lib.digest_bytes(data)
+        simd_used = lib.set_simd(True)
+        simd = lib.digest_bytes(data)
+    finally:
+        lib.set_simd(True)
+    assert portable == simd == ref
+    has_avx2 = "avx2" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else None
+    if has_avx2 is not None and platform.machine() == "x86_64":
+        assert simd_used == has_avx2  # the SIMD loop really ran where the CPU has it

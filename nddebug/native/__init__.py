@@ -113,6 +113,12 @@ class Native:
     def set_active(self, on: bool) -> None:
         self.clib.nddebug_set_active(1 if on else 0)
 
+    def set_simd(self, on: bool) -> bool:
+        """Digest with the widest loop this CPU runs (``True``, the default: AVX2 on x86-64
+        CPUs that have it) or the portable one; both give the same digest. Returns whether a
+        SIMD loop is now in use. For tests and benchmarks that compare the two."""
+        return bool(self.clib.nddebug_set_simd(1 if on else 0))
+
     def drain(self) -> list[int]:
         """Every row appended since the last drain, flat, in arrival order."""
         ptr = ctypes.POINTER(ctypes.c_int64)()
@@ -280,6 +286,8 @@ def _open(path: Path) -> Native:
     clib.nddebug_drain.restype = ctypes.c_int64
     clib.nddebug_drain.argtypes = [ctypes.POINTER(ctypes.POINTER(ctypes.c_int64))]
     clib.nddebug_set_active.argtypes = [ctypes.c_int]
+    clib.nddebug_set_simd.argtypes = [ctypes.c_int]
+    clib.nddebug_set_simd.restype = ctypes.c_int
     clib.nddebug_digest_bytes.argtypes = [
         ctypes.c_char_p,
         ctypes.c_int64,

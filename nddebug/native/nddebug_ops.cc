@@ -13,6 +13,10 @@
 #include <mutex>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -67,8 +71,9 @@ inline uint64_t row_weight(uint64_t row, int s) {
   return h | 1ULL;
 }
 
-// Weighted sums of one block of n words (n <= kBlock): {sum u*w0, sum (u>>32)*w1}.
-inline void block_sums(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
+// Weighted sums of one block of n words (n <= kBlock): {sum u*w0, sum (u>>32)*w1}; the
+// portable loop, one word at a time.
+void block_sums_scalar(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
   const Weights& t = weights();
   uint64_t a = 0, b = 0;
   for (int64_t k = 0; k < n; ++k) {
@@ -79,6 +84,69 @@ inline void block_sums(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
   }
   *lo = a;
   *hi = b;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NDDEBUG_HAVE_AVX2 1
+// The same sums four words at a time with AVX2, which has no 64-bit multiply: with
+// u = uh*2^32 + ul and w = wh*2^32 + wl, u*w = ul*wl + 2^32*(uh*wl + ul*wh) mod 2^64, and the
+// cross terms are summed first and shifted once (multiplying by 2^32 distributes over the
+// wrap-around sum). For v = u>>32 (arithmetic), vl = uh and vh is 0 or 2^32-1; only the low
+// 32 bits of the cross sum survive the shift, and there vh*wl is -wl for a negative u.
+// The result is the scalar loop's bit for bit (tests/test_native.py compares them).
+__attribute__((target("avx2"))) void block_sums_avx2(const char* p, int64_t n, uint64_t* lo,
+                                                     uint64_t* hi) {
+  const Weights& t = weights();
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i acc_lo = zero, acc_lo_x = zero, acc_hi = zero, acc_hi_x = zero;
+  const int64_t vec = n & ~int64_t{3};
+  for (int64_t k = 0; k < vec; k += 4) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8 * k));
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&t.w[0][k]));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&t.w[1][k]));
+    const __m256i uh = _mm256_srli_epi64(u, 32);
+    acc_lo = _mm256_add_epi64(acc_lo, _mm256_mul_epu32(u, w0));
+    acc_lo_x = _mm256_add_epi64(acc_lo_x, _mm256_mul_epu32(uh, w0));
+    acc_lo_x = _mm256_add_epi64(acc_lo_x, _mm256_mul_epu32(u, _mm256_srli_epi64(w0, 32)));
+    acc_hi = _mm256_add_epi64(acc_hi, _mm256_mul_epu32(uh, w1));
+    acc_hi_x = _mm256_add_epi64(acc_hi_x, _mm256_mul_epu32(uh, _mm256_srli_epi64(w1, 32)));
+    const __m256i negative = _mm256_cmpgt_epi64(zero, u);
+    acc_hi_x = _mm256_sub_epi64(acc_hi_x, _mm256_and_si256(negative, w1));
+  }
+  alignas(32) uint64_t l[4], lx[4], h[4], hx[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), acc_lo);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lx), acc_lo_x);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(h), acc_hi);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(hx), acc_hi_x);
+  uint64_t a = (l[0] + l[1] + l[2] + l[3]) + ((lx[0] + lx[1] + lx[2] + lx[3]) << 32);
+  uint64_t b = (h[0] + h[1] + h[2] + h[3]) + ((hx[0] + hx[1] + hx[2] + hx[3]) << 32);
+  for (int64_t k = vec; k < n; ++k) {
+    uint64_t u;
+    std::memcpy(&u, p + 8 * k, 8);
+    a += u * t.w[0][k];
+    b += sar(u, 32) * t.w[1][k];
+  }
+  *lo = a;
+  *hi = b;
+}
+#endif
+
+using BlockSums = void (*)(const char*, int64_t, uint64_t*, uint64_t*);
+
+// The widest loop this CPU runs, chosen once per process (the library is compiled for any
+// x86-64, so the AVX2 loop is only called where the CPU reports AVX2).
+BlockSums best_block_sums() {
+#ifdef NDDEBUG_HAVE_AVX2
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) return block_sums_avx2;
+#endif
+  return block_sums_scalar;
+}
+
+std::atomic<BlockSums> g_block_sums{best_block_sums()};
+
+inline void block_sums(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
+  g_block_sums.load(std::memory_order_relaxed)(p, n, lo, hi);
 }
 
 void digest_bytes(const char* data, int64_t nbytes, const tensorflow::DeviceBase::CpuWorkerThreads* pool,
@@ -144,6 +212,13 @@ __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** dat
   g_drained.swap(g_rows);
   *data = g_drained.data();
   return static_cast<int64_t>(g_drained.size());
+}
+
+// Which loop digests: 1 the widest this CPU runs (the default), 0 the portable one (for
+// tests and benchmarks that compare the two). Returns 1 when a SIMD loop is now in use.
+__attribute__((visibility("default"))) int nddebug_set_simd(int on) {
+  g_block_sums.store(on ? best_block_sums() : block_sums_scalar);
+  return g_block_sums.load() != block_sums_scalar ? 1 : 0;
 }
 
 __attribute__((visibility("default"))) int64_t nddebug_digest_bytes(const char* data,
