@@ -357,6 +357,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         )
     replicas.demote_collectives(findings, recordings, per_run_units)
     _state_propagation(findings, ref_seq)
+    _fused_chains(findings)
     _entry_point(findings)
     if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
@@ -494,6 +495,16 @@ PSEUDO_OPS = ("VariableState", "ReturnValue", "Step")
 CONTAINER_OPS = re.compile(r"^(TensorList|TensorArray|Optional|TensorMap)")
 
 
+def _fused_chains(findings: list[OpFinding]) -> None:
+    """An op recorded together with the ops grappler fuses into it (OpInfo.fused) holds their
+    inputs as its own. Where one of them was recorded as well (another consumer read it) and
+    is a source, the chain's difference starts there: the fused record only carries it."""
+    sources = {f.key for f in findings if f.role == "source"}
+    for f in findings:
+        if f.role == "source" and sources.intersection(f.op.fused):
+            f.role = "propagated"
+
+
 def explained_elsewhere(f: OpFinding, findings: list[OpFinding]) -> bool:
     """Whether another op, not a container op, diverged at or before ``f``'s first divergent
     execution: something that could have put the difference into the container."""
@@ -613,6 +624,8 @@ def _explain(f: OpFinding, device: str = "") -> None:
     op = f.op
     device = device or op.device
     f.culprit = knowledge.lookup(op.op_type, device)
+    for member in op.fused.values():  # a kernel fused into this op's record may be known
+        f.culprit = f.culprit or knowledge.lookup(member, device)
     if f.role == "control flow":
         f.kind = "control flow"
         f.explanation = "ran in some runs and not in others: the runs took different paths"
@@ -708,3 +721,9 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.explanation = "same inputs, different output: the kernel itself is non-deterministic"
     if f.kind == "random" and op.attrs.get("seed", 0) == 0 and op.attrs.get("seed2", 0) == 0:
         f.explanation += " (this op has no seed)"
+    if op.fused:
+        chain = " -> ".join([*op.fused.values(), op.op_type])
+        f.explanation += (
+            f" [recorded as one unit, {chain}: grappler rewrites these together, so nddebug "
+            "does not digest between them; the difference is in one of them]"
+        )

@@ -76,6 +76,11 @@ class OpInfo:
     written: list[str] = field(default_factory=list)
     # In a rerun recording: "" if the op was re-executed, else why not ("stateful", ...).
     rerun: str = ""
+    # Ops grappler rewrites together with this one where each intermediate has one consumer
+    # (data/rewrites.toml), recorded as one unit with it: key -> op type, in data-flow
+    # order. Their outputs are not digested (a digest would stop the rewrite); this op's
+    # record holds their inputs.
+    fused: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -208,6 +213,10 @@ _OP_FIELDS: dict[str, tuple[Any, str]] = {
     "function": (_str, "a string"),
     "written": (_list_of(_str), "a list of strings"),
     "rerun": (_str, "a string"),
+    "fused": (
+        lambda v: isinstance(v, dict) and all(_str(k) and _str(t) for k, t in v.items()),
+        "an object of strings",
+    ),
 }
 
 

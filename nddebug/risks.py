@@ -63,28 +63,40 @@ def known_risks(
         ran = executed if executed is not None else {ev.op_id for ev in rec.events}
         for op_id in sorted(ran):
             op = rec.ops.get(op_id)
-            if op is None or op.key in seen:
+            if op is None:
                 continue
             device = _device(op, env)
-            culprit = knowledge.lookup(op.op_type, device)
-            if culprit is None or culprit.kind not in KERNEL_KINDS:
-                continue
-            here = knowledge.device_kind(device) or "CPU"
-            on_device = culprit.device in (here, "any")
-            if determinism and culprit.under_determinism not in STILL_RISKY_UNDER_DETERMINISM:
-                if on_device:
-                    continue  # fixed (or made to raise) by op determinism on this device
-            seen[op.key] = Risk(
-                op_type=op.op_type,
-                op_name=op.op_name,
-                key=op.key,
-                location=op.location,
-                device=device,
-                observed=op.key in diverged,
-                applies=on_device,
-                culprit=culprit,
-            )
+            # The op, then the kernels recorded with it as one unit (OpInfo.fused): they ran
+            # too, their outputs were only not digested apart.
+            members = [(op.key, op.op_type, op.op_name), *_fused_members(op)]
+            for key, op_type, name in members:
+                if key in seen:
+                    continue
+                culprit = knowledge.lookup(op_type, device)
+                if culprit is None or culprit.kind not in KERNEL_KINDS:
+                    continue
+                here = knowledge.device_kind(device) or "CPU"
+                on_device = culprit.device in (here, "any")
+                if determinism and culprit.under_determinism not in STILL_RISKY_UNDER_DETERMINISM:
+                    if on_device:
+                        continue  # fixed (or made to raise) by op determinism on this device
+                seen[key] = Risk(
+                    op_type=op_type,
+                    op_name=name,
+                    key=key,
+                    location=op.location,
+                    device=device,
+                    observed=key in diverged or op.key in diverged,
+                    applies=on_device,
+                    culprit=culprit,
+                )
     return list(seen.values())
+
+
+def _fused_members(op: Any) -> list[tuple[str, str, str]]:
+    """(key, op type, name) of each op recorded as one unit with ``op``; its key (graph and
+    op name) stands for its name."""
+    return [(key, op_type, key) for key, op_type in op.fused.items()]
 
 
 def rule_out_bound(runs: int, confidence: float = 0.95) -> float | None:

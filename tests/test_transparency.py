@@ -143,6 +143,36 @@ def _gru() -> Any:
     return keras.layers.GRU(4)
 
 
+def _keras_optimizer(optimizer: str) -> Callable[[], Workload]:
+    """A small conv net (Conv2D+bias+ReLU, BatchNorm, GELU, LayerNorm, softmax) trained by one
+    Keras optimizer: each update has its own arithmetic (x / sqrt(y), sums of products) that
+    grappler rewrites in the plain program (Adadelta's x / sqrt(y) -> x * rsqrt(y))."""
+
+    def make() -> Workload:
+        import keras
+
+        keras.utils.set_random_seed(11)
+        layers = keras.layers
+        model = keras.Sequential(
+            [
+                keras.Input((8, 8, 3)),
+                layers.Conv2D(8, 3, activation="relu"),
+                layers.BatchNormalization(),
+                layers.Flatten(),
+                layers.Dense(16, activation="gelu"),
+                layers.LayerNormalization(),
+                layers.Dense(4, activation="softmax"),
+            ]
+        )
+        model.compile(optimizer=optimizer, loss="categorical_crossentropy")
+        rng = np.random.RandomState(1)
+        x = rng.randn(32, 8, 8, 3).astype("float32")
+        y = np.eye(4, dtype="float32")[rng.randint(0, 4, 32)]
+        return model.train_on_batch, (x, y), model
+
+    return make
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "addn_unknown_shape": _addn_unknown_shape,
     "bias_add_update": _bias_add_update,
@@ -151,6 +181,10 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "recompute_and_custom_gradient": _recompute_and_custom_gradient,
     "embedding_bilstm": _keras_rnn(_bilstm),
     "gru": _keras_rnn(_gru),
+    **{
+        f"keras_{opt}": _keras_optimizer(opt)
+        for opt in ("adadelta", "adagrad", "ftrl", "rmsprop", "nadam", "lion")
+    },
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
-from nddebug.tracer import ops, rerun, transport
+from nddebug.tracer import ops, rerun, rewrites, transport
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
@@ -71,26 +71,29 @@ def graph_key(graph: Any) -> str:
     return "/".join(reversed(names))
 
 
-#: Grappler rewrites chains of element-wise arithmetic where an intermediate result has a
-#: single consumer: the arithmetic optimizer merges sums into one AddN (AddOpsRewrite) and
-#: hoists common factors out of sums of products; constant folding pushes constants down
-#: chains of sums and products ((x * y) * C -> x * (y * C)). The rewritten ops round
-#: differently, so the bits change. A digest of the intermediate would be a second consumer
-#: and keep the plain program's rewrite from happening. So the output of an op of ARITHMETIC
-#: is digested only once something other than such an op reads it; an op of ARITHMETIC that
-#: reads it records the intermediate's own inputs instead (what the rewritten op reads), so
-#: the source test still holds and only the intermediate itself goes unrecorded (these
-#: kernels are deterministic). Not digesting an intermediate can never make the instrumented
-#: graph differ from the plain one.
+#: Element-wise arithmetic: computes the same bits whether or not it reuses an input's
+#: buffer (see :func:`digests_first`).
 ARITHMETIC = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv"})
 
 
 class Deferred:
-    """An op whose record is made only when something outside a sum chain reads its output."""
+    """An op whose output grappler may rewrite together with its one consumer (a sum chain,
+    x / sqrt(y), a contraction and its bias and activation: ``data/rewrites.toml``). A digest
+    of it would be a second consumer and keep the plain program's rewrite from happening,
+    and the rewritten kernels may round differently. So its record is made only once an op
+    outside such a pattern reads it; an op that fuses with it records the intermediate's own
+    inputs instead (what the rewritten op reads) and names it as fused, so the source test
+    holds for the chain as grappler runs it. Not digesting an intermediate can never make the
+    instrumented graph differ from the plain one."""
 
-    def __init__(self, op_type: str, inputs: list[Any], emit: Any) -> None:
+    def __init__(
+        self, op_type: str, inputs: list[Any], emit: Any, key: str, fused: dict[str, str]
+    ) -> None:
         self.op_type = op_type
         self.inputs = inputs  # the digests its record would hold as its inputs (folded)
+        self.key = key
+        # The chain it stands for: the ops it covered, then itself (key -> op type).
+        self.fused = {**fused, key: op_type}
         self._emit = emit
         self._digest: Any = None
         self.sender: Any = None  # the op that records it, once made
@@ -106,23 +109,33 @@ class Deferred:
         return self._digest
 
 
-def _input_digests(graph: Any, op_type: str, inputs: Any) -> tuple[list[Any], list[Any]]:
-    """The digests an op's record holds as its inputs, and the digest read from each input
-    (None where none is: unreadable, or an absorbed intermediate of a sum chain)."""
+def _input_digests(
+    graph: Any, op_type: str, inputs: Any, device: str
+) -> tuple[list[Any], list[Any], dict[str, str]]:
+    """The digests an op's record holds as its inputs, the digest read from each input (None
+    where none is: unreadable, or an intermediate it fuses with), and the ops it fuses with
+    (key -> op type, in data-flow order)."""
     cache = REGISTRY.graph_cache(graph)
     recorded: list[Any] = []
     per_input: list[Any] = []
-    for t in inputs:
+    fused: dict[str, str] = {}
+    for position, t in enumerate(inputs):
         d = cache.get(t.name)
-        if isinstance(d, Deferred) and not d.done and op_type in ARITHMETIC:
-            recorded.extend(d.inputs)  # what a merged AddN would read
+        if (
+            isinstance(d, Deferred)
+            and not d.done
+            and op_type
+            and rewrites.fuses(d.op_type, op_type, position, device)
+        ):
+            recorded.extend(d.inputs)  # what the rewritten op reads
             per_input.append(None)
             d.covered = True
+            fused.update(d.fused)
             continue
         d = digest_in_graph(graph, t)
         recorded.append(d)
         per_input.append(d)
-    return recorded, per_input
+    return recorded, per_input, fused
 
 
 def digest_in_graph(graph: Any, tensor: Any) -> Any:
@@ -169,22 +182,39 @@ def _passed_through(graph: Any, tensor: Any) -> Any:
 
 
 def finish_graph(graph: Any) -> None:
-    """The graph is complete (its Python function returned): record the sum-chain
-    intermediates that only pass-through ops read and no sum covered (a function's or loop
-    body's result, returned through an Identity), so that every value is recorded once."""
-    pending = REGISTRY.graph_cache(graph).pop(_PASSED, None)
+    """The graph is complete (its Python function returned): record the intermediates that
+    only pass-through ops read and no op fused with (a function's or loop body's result,
+    returned through an Identity), and those the graph returns as they are (a while loop's
+    condition), so that every value is recorded once."""
+    cache = REGISTRY.graph_cache(graph)
+    pending = cache.pop(_PASSED, None) or []
+    returned: dict[int, list[Any]] = {}  # Deferred -> the graph's outputs that return it
+    for t in getattr(graph, "outputs", None) or []:
+        d = cache.get(getattr(t, "name", None))
+        if isinstance(d, Deferred):
+            pending.append(d)
+            returned.setdefault(id(d), []).append(t)
     if not pending:
         return
+    control = getattr(graph, "control_outputs", None)
     with graph.as_default():
         for d in pending:
-            if not d.done and not d.covered:
-                d.materialize()
-                sender = d.sender
-                control = getattr(graph, "control_outputs", None)
-                if sender is not None and control is not None and sender not in control:
-                    # Made after the function's automatic control dependencies: a function
-                    # runs what its outputs and control outputs need.
-                    control.append(sender)
+            if d.done or d.covered:
+                continue
+            d.materialize()
+            sender = d.sender
+            if sender is None:
+                continue
+            if control is not None and sender not in control:
+                # Made after the function's automatic control dependencies: a function
+                # runs what its outputs and control outputs need.
+                control.append(sender)
+            for t in returned.get(id(d), []):
+                if t.op.type in ops.ALIAS_OPS and all(x is not t for x in sender.inputs):
+                    # A while loop runs its condition for the value alone: the returned
+                    # Identity waits for the record, as automatic control dependencies
+                    # make it wait for the graph's other stateful ops.
+                    t.op._add_control_input(sender)
 
 
 _hooked = False
@@ -207,8 +237,7 @@ def hook_graph_ends() -> None:
     @functools.wraps(original)
     def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
         graph = original(*args, **kwargs)
-        cache = REGISTRY.graph_digests.get(graph)
-        if cache and _PASSED in cache:
+        if REGISTRY.graph_digests.get(graph):
             with inside_nddebug():
                 finish_graph(graph)
         return graph
@@ -298,7 +327,6 @@ def _send_fused(
     op_id: int,
     out_tensors: list[Any],
     in_digests: list[Any],
-    independent: bool,
 ) -> Any:
     """Emit the fused digest-and-record op; its outputs become the outputs' digests."""
     import tensorflow as tf
@@ -313,23 +341,53 @@ def _send_fused(
             dynamic.append(d)
     with tf.name_scope("nddebug"):
         outs = lib.digest_record(op_id, xs, dynamic, static, at)
-    acd = getattr(graph, "experimental_acd_manager", None)
-    if acd is not None and independent:
-        # tf.function chains every stateful op without a resource input in program order
-        # (automatic control dependencies): all the records in one line, each digest waiting
-        # for the one before. A stateless op is ordered by its data alone, and so is its
-        # record, which reads its inputs' digests from their records: it needs no place in
-        # that line. Stateful ops (variable reads and writes, random ops) keep theirs, so
-        # their rows arrive in program order: that order tells a read after a divergent
-        # write from a source.
-        acd.run_independently(outs[0].op)
     cache = REGISTRY.graph_cache(graph)
     for t, d in zip(xs, outs, strict=True):
         cache[t.name] = d
     return outs[0].op
 
 
+def _order_record(graph: Any, sender: Any, stateful: bool, resource: str, writes: bool) -> None:
+    """Give a native record op the place it needs among the others, and no more.
+
+    tf.function chains every stateful op without a resource input in program order
+    (automatic control dependencies), and a record op is one: all the records would wait in
+    one line, and an op that waits for its input's digest (:func:`digests_first`) would wait
+    for every record made before it. A stateless op is ordered by its data alone, and so is
+    its record, which reads its inputs' digests from their records: it needs no place in
+    that line, and neither does a variable read's (the values it feeds wait for it). The
+    rows of one variable's reads and writes must arrive in program order (that order tells
+    a read after a divergent write from a source): each such record waits for the record of
+    the variable's previous read or write in this graph, the order the ops themselves run
+    in. The records of writes and of other stateful ops (random ops, iterators) keep their
+    place in the line: nothing waits for them but the end of the function."""
+    acd = getattr(graph, "experimental_acd_manager", None)
+    if acd is None or sender is None:
+        return
+    if not stateful or (resource and not writes):
+        acd.run_independently(sender)
+    if resource:
+        cache = REGISTRY.graph_cache(graph)
+        slot = f"<last record of>{resource}"
+        if cache.get(slot) is not None:
+            sender._add_control_input(cache[slot])
+        cache[slot] = sender
+
+
 _NEVER_FORWARDED = frozenset({"Placeholder", "Const"})
+#: Contractions: their kernels always allocate a new output.
+_NEVER_REUSES_AN_INPUT = frozenset(
+    {
+        "Conv2D",
+        "Conv3D",
+        "DepthwiseConv2dNative",
+        "MatMul",
+        "BatchMatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+        "Einsum",
+    }
+)
 
 
 def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
@@ -345,6 +403,10 @@ def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
         # digest that still holds the input keeps it from being taken over while it reads.
         # A control edge into it would keep grappler from rewriting its chain (constants
         # pushed down a product chain), as the plain program does.
+        return
+    if op.type in _NEVER_REUSES_AN_INPUT:
+        # No buffer to take over; and a control edge into a contraction stops grappler's
+        # remapper from fusing it with its bias and activation (HasControlFaninOrFanout).
         return
     seen = set()
     for t, d in zip(inputs, digests, strict=False):
@@ -451,6 +513,7 @@ def instrument_op(
         return None
     fused = None
     defer = False
+    fused_with: dict[str, str] = {}
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
         out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
@@ -461,13 +524,15 @@ def instrument_op(
         if op_type in SHAPE_ONLY_OPS:
             in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
         else:
-            in_digests, per_input = _input_digests(graph, "" if v1 else op_type, inputs)
+            in_digests, per_input, fused_with = _input_digests(
+                graph, "" if v1 else op_type, inputs, op.device or ""
+            )
         if not v1:  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, per_input)
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         defer = (
             not v1
-            and op_type in ARITHMETIC
+            and rewrites.may_fuse(op_type, op.device or "")
             and len(out_tensors) == 1
             and not rec.capture
             and not note
@@ -516,6 +581,7 @@ def instrument_op(
         attrs=ops.interesting_attrs(attrs),
         note=note,
         rerun=blocker,
+        fused=fused_with,
         resource=(
             variable_identity(graph, inputs[0])
             if inputs and ops.reads_or_writes_variable(op_type)
@@ -545,8 +611,8 @@ def instrument_op(
     def emit() -> tuple[Any, Any]:
         """Make the op that records this op's executions: it, and the first output's digest."""
         if fused is not None:
-            independent = not stateful and not info.resource
-            sender = _send_fused(fused, graph, op_id, out_tensors, in_digests, independent)
+            sender = _send_fused(fused, graph, op_id, out_tensors, in_digests)
+            _order_record(graph, sender, stateful, info.resource, bool(note))
             return sender, REGISTRY.graph_cache(graph).get(out_tensors[0].name)
         outs, sent = out_digests, readable_out
         if defer:
@@ -559,12 +625,14 @@ def instrument_op(
         sender = transport.send(
             op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
         )
+        if getattr(sender, "type", "") == "NddebugRecord":
+            _order_record(graph, sender, stateful, info.resource, bool(note))
         first = outs[0] if outs and not isinstance(outs[0], bool) else None
         return sender, first
 
     if defer and not payload:
-        # Recorded once something other than a sum reads it (see ARITHMETIC).
-        deferred = Deferred(op_type, in_digests, emit)
+        # Recorded once an op it does not fuse with reads it (see Deferred).
+        deferred = Deferred(op_type, in_digests, emit, key, fused_with)
         REGISTRY.graph_cache(graph)[out_tensors[0].name] = deferred
         return None
     return emit()[0]

@@ -1,0 +1,171 @@
+"""Grappler's single-consumer rewrites (nddebug/data/rewrites.toml). A digest is one more
+consumer of the output it reads, and grappler rewrites some patterns only where the
+intermediate has one consumer: nddebug leaves such an intermediate undigested, records the
+chain as one unit at the op that fuses with it, and the analysis and the risks see through
+that unit to the kernels in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug import analysis, risks
+from nddebug.recording import Event, OpInfo, Recording
+from nddebug.tracer import rewrites
+
+
+def test_the_shipped_table_names_real_ops_and_says_why() -> None:
+    table = rewrites.table()
+    assert {"sum and product chains", "SqrtDivToRsqrtMul"} <= {r.name for r in table}
+    for r in table:
+        for op_type in r.producers | r.consumers:
+            assert hasattr(tf.raw_ops, op_type), f"{r.name}: {op_type} is not a TensorFlow op"
+        assert r.bits and r.source, r.name
+
+
+_GOOD = """schema = 1
+[[rewrite]]
+name = "x"
+optimizer = "arithmetic"
+producers = ["Sqrt"]
+consumers = ["RealDiv"]
+where = ["any"]
+bits = "yes"
+source = "here"
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("schema = 1", "schema = 9"), "schema must be 1"),
+        (('where = ["any"]', 'where = ["tpu"]'), "where must be a list of"),
+        (('producers = ["Sqrt"]', "producers = []"), "producers must be a non-empty list"),
+        (('bits = "yes"', 'bits = "yes"\ncolour = "red"'), r"unknown fields \['colour'\]"),
+        (('source = "here"', ""), r"missing \['source'\]"),
+        (('where = ["any"]', 'where = ["any"]\ninput = -1'), "input must be a position"),
+    ],
+)
+def test_a_broken_table_is_refused_with_the_entry_named(change: tuple[str, str], message: str):
+    assert rewrites.parse(_GOOD)[0].producers == {"Sqrt"}
+    with pytest.raises(ValueError, match=message) as err:
+        rewrites.parse(_GOOD.replace(*change), origin="t.toml")
+    assert "t.toml" in str(err.value)
+
+
+def _sqrt_div() -> Any:
+    """Adadelta's and Adagrad's update shape: x / sqrt(y), which grappler turns into
+    x * rsqrt(y) where the Sqrt has one consumer."""
+
+    @tf.function
+    def step(x, y):
+        return x / tf.sqrt(y + 1.0)
+
+    return step
+
+
+def test_sqrt_div_keeps_the_rsqrt_rewrite_and_is_recorded_as_one_unit() -> None:
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(1 << 16).astype("float32") * 100)
+    y = tf.constant(rng.rand(1 << 16).astype("float32") * 1000)
+    plain = _sqrt_div()(x, y).numpy().tobytes()
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    try:
+        assert _sqrt_div()(x, y).numpy().tobytes() != plain  # the rewrite changes the bits
+    finally:
+        tf.config.optimizer.set_experimental_options(
+            {"arithmetic_optimization": before.get("arithmetic_optimization", True)}
+        )
+    step = _sqrt_div()
+    with nddebug.trace() as rec:
+        assert step(x, y).numpy().tobytes() == plain
+    assert step(x, y).numpy().tobytes() == plain  # and after the block
+    types = [rec.ops[e.op_id].op_type for e in rec.events]
+    assert "Sqrt" not in types and types.count("RealDiv") == 1, types
+    (div,) = [rec.ops[e.op_id] for e in rec.events if rec.ops[e.op_id].op_type == "RealDiv"]
+    assert list(div.fused.values()) == ["Sqrt"], div.fused
+    # Its record holds what the rewritten op reads: x, and y + 1 (the Sqrt's input).
+    (event,) = [e for e in rec.events if e.op_id == div.op_id]
+    (add,) = [e for e in rec.events if rec.ops[e.op_id].op_type == "AddV2"]
+    assert event.inputs[1] == add.digests[0] and len(event.inputs) == 2
+
+
+def test_a_second_reader_still_gets_the_intermediate_recorded() -> None:
+    """Where something outside the pattern reads the intermediate too, grappler does not
+    rewrite it, and nddebug records it."""
+
+    @tf.function
+    def step(x):
+        s = tf.sqrt(x)
+        return x / s, tf.reduce_sum(s)
+
+    with nddebug.trace() as rec:
+        step(tf.constant([1.0, 4.0, 9.0]))
+    types = [rec.ops[e.op_id].op_type for e in rec.events]
+    assert "Sqrt" in types and "RealDiv" in types, types
+
+
+def _op(op_id: int, key: str, op_type: str, device: str, fused: dict | None = None) -> OpInfo:
+    return OpInfo(
+        op_id, key, op_type, key, "f", device, "train.py:3", ["float32"], [[4]], [True],
+        fused=fused or {},
+    )
+
+
+def _runs(ops: list[OpInfo], outputs: list[list[int]]) -> list[Recording]:
+    """One recording per run: each op executes once with identical inputs; ``outputs`` gives
+    each run's output per op."""
+    runs = []
+    for values in outputs:
+        rec = Recording(digest_algorithm="test", environment={"devices": ["GPU:0"]})
+        rec.ops[0] = _op(0, "eager:call", "__inference_f", "GPU:0")
+        for seq, (op, value) in enumerate(zip(ops, values, strict=True)):
+            rec.ops[op.op_id] = op
+            rec.events.append(Event(seq, op.op_id, 10, [(value, 0)], [(7, 7)]))
+        rec.events.append(Event(10, 0, 10, [(99, 0)], []))
+        runs.append(rec)
+    return runs
+
+
+def test_a_unit_source_names_the_known_kernel_fused_into_it() -> None:
+    relu = _op(1, "f/Relu", "Relu", "GPU:0", {"f/Conv2D": "Conv2D", "f/BiasAdd": "BiasAdd"})
+    runs = _runs([relu], [[1], [2]])
+    comparison = analysis.compare_recordings(runs)
+    (source,) = [f for f in comparison.findings if f.role == "source"]
+    assert source.key == "f/Relu"
+    assert source.culprit is not None and "Conv2D" in source.culprit.op_types
+    assert "Conv2D -> BiasAdd -> Relu" in source.explanation
+    # The kernels recorded with an op are risks of their own, on the device they ran on.
+    (risk,) = risks.known_risks(_runs([relu], [[1], [1]]), [])
+    assert (risk.op_type, risk.key, risk.applies) == ("Conv2D", "f/Conv2D", True)
+
+
+def test_a_unit_whose_member_was_recorded_and_differs_only_carries_it() -> None:
+    sqrt = _op(1, "f/Sqrt", "Sqrt", "GPU:0")
+    div = _op(2, "f/truediv", "RealDiv", "GPU:0", {"f/Sqrt": "Sqrt"})
+    comparison = analysis.compare_recordings(_runs([sqrt, div], [[1, 5], [2, 6]]))
+    roles = {f.key: f.role for f in comparison.findings}
+    assert roles["f/Sqrt"] == "source" and roles["f/truediv"] == "propagated", roles
+    # Without the member's own record, the unit is the source.
+    comparison = analysis.compare_recordings(_runs([div], [[5], [6]]))
+    assert [f.key for f in comparison.findings if f.role == "source"] == ["f/truediv"]
+
+
+def test_an_intermediate_a_graph_returns_as_it_is_is_recorded_every_time() -> None:
+    """A while loop's condition returns its comparison itself (Less may be rewritten with a
+    LogicalNot that reads it, so it is left for its readers): it has none in the condition's
+    graph, and is recorded when that graph is complete, on every evaluation."""
+
+    @tf.function
+    def loop(x):
+        return tf.while_loop(lambda i, a: i < 6, lambda i, a: (i + 1, a * 0.5), [0, x])[1]
+
+    with nddebug.trace() as rec:
+        loop(tf.ones([4]))
+    types = [rec.ops[e.op_id].op_type for e in rec.events]
+    assert types.count("Less") == 7, types
