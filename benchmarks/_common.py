@@ -47,8 +47,12 @@ def machine() -> dict:
         load = os.getloadavg()[0]
     except OSError:
         load = None
+    from nddebug.environment import onednn_enabled
+
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
+        "onednn": onednn_enabled(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
@@ -102,3 +106,26 @@ def paired_ratio(
         for r in range(rounds)
     ]
     return statistics.median(ratios)
+
+
+def cpu_model() -> dict:
+    """The CPU's model name and widest vector extension (the digest's speed and oneDNN's
+    default depend on them), from /proc/cpuinfo where there is one."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name in ("", platform.machine()):
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    widest = next((ext for ext in ("avx512f", "avx2", "avx", "sse4_2") if ext in flags), "unknown")
+    return {
+        "model": name,
+        "widest_simd": widest,
+        "avx512": sorted(f for f in flags if f.startswith("avx512")),
+    }
