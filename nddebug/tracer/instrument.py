@@ -63,12 +63,17 @@ def graph_name(graph: Any) -> str:
 
 
 def graph_key(graph: Any) -> str:
-    names = []
-    g = graph
-    while g is not None and hasattr(g, "name"):
-        names.append(ops.UID_SUFFIX.sub("", ops.as_str(g.name)))
-        g = getattr(g, "outer_graph", None)
-    return "/".join(reversed(names))
+    """The names of the graph and the graphs around it, without unique ids: the same in
+    every process. Asked for every op, so kept per graph."""
+    cache = REGISTRY.graph_cache(graph)
+    if "<key>" not in cache:
+        names = []
+        g = graph
+        while g is not None and hasattr(g, "name"):
+            names.append(ops.UID_SUFFIX.sub("", ops.as_str(g.name)))
+            g = getattr(g, "outer_graph", None)
+        cache["<key>"] = "/".join(reversed(names))
+    return cache["<key>"]
 
 
 #: Element-wise arithmetic: computes the same bits whether or not it reuses an input's
@@ -291,8 +296,10 @@ def _const_digest(tensor: Any) -> tuple[int, int] | None:
     value the native op would give): the graph needs no op to digest it."""
     from tensorflow.python.framework import tensor_util
 
+    from nddebug.tracer.eager import digest_host
+
     try:
-        return dg.digest_numpy(tensor_util.MakeNdarray(tensor.op.get_attr("value")))
+        return digest_host(tensor_util.MakeNdarray(tensor.op.get_attr("value")))
     except Exception:  # noqa: BLE001 - an unusual constant: digest it in the graph
         return None
 

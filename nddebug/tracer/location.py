@@ -70,6 +70,7 @@ def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
     return ""
 
 
+@functools.cache
 def _tf_dir() -> str:
     mod = sys.modules.get("tensorflow")
     path = getattr(mod, "__file__", None) if mod is not None else None

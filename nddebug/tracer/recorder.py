@@ -3,7 +3,6 @@ active, it sends each op to the eager or graph path and collects the events they
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
-from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, Recording
+from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, OpInfo, Recording
 from nddebug.tracer import eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
@@ -109,7 +108,7 @@ class Recorder:
             try:
                 return call()
             finally:
-                transport.drain()
+                transport.drain_flat()
                 self.discarding = False
         finally:
             self.call_lock.release()
@@ -147,7 +146,7 @@ class Recorder:
             if not opaque.wait_for_calls(timeout=5.0):
                 ops.warn_once(self.recording, _MIXED)
             set_gate(True)
-            transport.drain()  # rows of no block (there should be none)
+            transport.drain_flat()  # rows of no block (there should be none)
             transport.set_active(True)
         if native.problem():
             ops.warn_once(
@@ -277,12 +276,41 @@ class Recorder:
         while another thread's call is in flight, whose rows are not this block's."""
         locked = self.call_lock.acquire(timeout=5.0)
         try:
-            rows = [] if self.discarding else transport.drain()
+            flat = [] if self.discarding else transport.drain_flat()
         finally:
             if locked:
                 self.call_lock.release()
-        for op_id, outs, ins in rows:
-            self.on_graph_event(op_id, outs, ins)
+        self._take(flat)
+
+    def _take(self, flat: list[int]) -> None:
+        """The drained rows as events, in one pass: a traced step delivers one row per op
+        execution (thousands per call), so this is the per-call Python work of a trace.
+        Rows of re-executed ops take the general path (:meth:`on_graph_event`)."""
+        batch: list[Event] = []
+        new_ops: dict[int, OpInfo] = {}
+        known = self.recording.ops
+        for op_id, outs, ins in transport.rows(flat):
+            op = REGISTRY.ops.get(op_id)
+            if op is None:
+                continue
+            if op_id in REGISTRY.reruns:
+                self._add(batch, new_ops)
+                batch, new_ops = [], {}
+                self.on_graph_event(op_id, outs, ins)
+                continue
+            mask = op.digestible
+            digests = outs if len(outs) == len(mask) else transport.unpack(outs, mask)
+            batch.append(Event(self.next_seq(), op_id, -1, digests, ins))
+            if op_id not in known:
+                new_ops[op_id] = op
+        self._add(batch, new_ops)
+
+    def _add(self, batch: list[Event], new_ops: dict[int, OpInfo]) -> None:
+        with self.lock:
+            for op_id, op in new_ops.items():
+                if op_id not in self.recording.ops:
+                    self.recording.ops[op_id] = op.copy()  # this run's copy
+            self.pending.extend(batch)
 
     def on_graph_event(
         self,
@@ -316,7 +344,7 @@ class Recorder:
                 kept[f"{ev.seq}:{slot}"] = np.array(value)
         with self.lock:
             if op_id not in self.recording.ops:
-                self.recording.ops[op_id] = dataclasses.replace(op)  # this run's copy
+                self.recording.ops[op_id] = op.copy()  # this run's copy
             self.pending.append(ev)
             self.recording.values.update(kept)
 

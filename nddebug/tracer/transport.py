@@ -15,6 +15,7 @@ native path to a few transfers per step).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -73,27 +74,42 @@ def set_active(on: bool) -> None:
         lib.set_active(on)
 
 
-def drain() -> list[tuple[int, list[list[int]], list[list[int]]]]:
-    """The op executions appended to the native buffer since the last drain, in arrival
-    order, as (op id, output digest rows, input digest rows)."""
+def drain_flat() -> list[int]:
+    """Every row appended to the native buffer since the last drain, flat (see
+    :func:`rows`)."""
     lib = native._state.get("lib")
     if lib is None:
         return []
     flat = lib.drain()
-    if not flat:
-        return []
-    COUNTS["drains"] += 1
-    rows = []
-    i = 0
-    while i < len(flat):
+    if flat:
+        COUNTS["drains"] += 1
+    return flat
+
+
+def rows(flat: list[int]) -> Iterator[tuple[int, list[dg.Digest], list[dg.Digest]]]:
+    """The rows of a drained buffer, in arrival order: (op id, output digests, input
+    digests), each digest an (int, int) pair. A row is op_id, n_out, n_in, then the pairs."""
+    i, n = 0, len(flat)
+    while i < n:
         op_id, n_out, n_in = flat[i], flat[i + 1], flat[i + 2]
         i += 3
-        outs = [flat[i + 2 * k : i + 2 * k + 2] for k in range(n_out)]
-        i += 2 * n_out
-        ins = [flat[i + 2 * k : i + 2 * k + 2] for k in range(n_in)]
-        i += 2 * n_in
-        rows.append((op_id, outs, ins))
-    return rows
+        j = i + 2 * n_out
+        end = j + 2 * n_in
+        yield (
+            op_id,
+            list(zip(flat[i:j:2], flat[i + 1 : j : 2], strict=True)),
+            list(zip(flat[j:end:2], flat[j + 1 : end : 2], strict=True)),
+        )
+        i = end
+
+
+def drain() -> list[tuple[int, list[list[int]], list[list[int]]]]:
+    """The op executions appended to the native buffer since the last drain, in arrival
+    order, as (op id, output digest rows, input digest rows)."""
+    return [
+        (op_id, [list(d) for d in outs], [list(d) for d in ins])
+        for op_id, outs, ins in rows(drain_flat())
+    ]
 
 
 def unpack(values: list[list[int]], mask: list[bool]) -> list[dg.Digest | None]:
