@@ -498,10 +498,15 @@ CONTAINER_OPS = re.compile(r"^(TensorList|TensorArray|Optional|TensorMap)")
 def _fused_chains(findings: list[OpFinding]) -> None:
     """An op recorded together with the ops grappler fuses into it (OpInfo.fused) holds their
     inputs as its own. Where one of them was recorded as well (another consumer read it) and
-    is a source, the chain's difference starts there: the fused record only carries it."""
-    sources = {f.key for f in findings if f.role == "source"}
+    is a source in the same executions (same call, same occurrence), the chain's difference
+    starts there: the fused record only carries it. A source execution of the chain that no
+    source execution of a member explains keeps it a source."""
+    sources = {f.key: f for f in findings if f.role == "source"}
     for f in findings:
-        if f.role == "source" and sources.intersection(f.op.fused):
+        if f.role != "source" or not sources.keys() & f.op.fused.keys():
+            continue
+        explained = {(u[0], u[2]) for k in f.op.fused if k in sources for u in sources[k].units}
+        if all((u[0], u[2]) in explained for u in f.units):
             f.role = "propagated"
 
 

@@ -22,7 +22,7 @@ def test_the_shipped_table_names_real_ops_and_says_why() -> None:
     table = rewrites.table()
     assert {"sum and product chains", "SqrtDivToRsqrtMul"} <= {r.name for r in table}
     for r in table:
-        for op_type in r.producers | r.consumers:
+        for op_type in {op for pair in r.pairs for op in pair}:
             assert hasattr(tf.raw_ops, op_type), f"{r.name}: {op_type} is not a TensorFlow op"
         assert r.bits and r.source, r.name
 
@@ -48,10 +48,12 @@ source = "here"
         (('bits = "yes"', 'bits = "yes"\ncolour = "red"'), r"unknown fields \['colour'\]"),
         (('source = "here"', ""), r"missing \['source'\]"),
         (('where = ["any"]', 'where = ["any"]\ninput = -1'), "input must be a position"),
+        (('consumers = ["RealDiv"]', 'consumers = ["RealDiv"]\npairs = [["A", "B"]]'), "either"),
+        (('producers = ["Sqrt"]\nconsumers = ["RealDiv"]', 'pairs = [["Sqrt"]]'), "pairs must"),
     ],
 )
 def test_a_broken_table_is_refused_with_the_entry_named(change: tuple[str, str], message: str):
-    assert rewrites.parse(_GOOD)[0].producers == {"Sqrt"}
+    assert rewrites.parse(_GOOD)[0].pairs == {("Sqrt", "RealDiv")}
     with pytest.raises(ValueError, match=message) as err:
         rewrites.parse(_GOOD.replace(*change), origin="t.toml")
     assert "t.toml" in str(err.value)
@@ -112,7 +114,16 @@ def test_a_second_reader_still_gets_the_intermediate_recorded() -> None:
 
 def _op(op_id: int, key: str, op_type: str, device: str, fused: dict | None = None) -> OpInfo:
     return OpInfo(
-        op_id, key, op_type, key, "f", device, "train.py:3", ["float32"], [[4]], [True],
+        op_id,
+        key,
+        op_type,
+        key,
+        "f",
+        device,
+        "train.py:3",
+        ["float32"],
+        [[4]],
+        [True],
         fused=fused or {},
     )
 
@@ -169,3 +180,86 @@ def test_an_intermediate_a_graph_returns_as_it_is_is_recorded_every_time() -> No
         loop(tf.ones([4]))
     types = [rec.ops[e.op_id].op_type for e in rec.events]
     assert types.count("Less") == 7, types
+
+
+def test_pairs_entries_are_exact_and_convolutions_in_a_row_are_both_recorded() -> None:
+    """An entry lists its pairs where not every producer goes with every consumer: a
+    convolution read by a convolution is no pattern, so both are recorded."""
+    text = _GOOD.replace(
+        'producers = ["Sqrt"]\nconsumers = ["RealDiv"]', 'pairs = [["A", "B"], ["B", "C"]]'
+    )
+    assert rewrites.parse(text)[0].pairs == {("A", "B"), ("B", "C")}
+    assert not rewrites.fuses("Conv2D", "Conv2D", 0, "/device:CPU:0")
+    k = tf.constant(np.full([3, 3, 2, 2], 0.1, np.float32))
+
+    @tf.function
+    def twice(x):
+        return tf.nn.conv2d(tf.nn.conv2d(x, k, 1, "SAME"), k, 1, "SAME")
+
+    with nddebug.trace() as rec:
+        twice(tf.ones([1, 6, 6, 2]))
+    assert [rec.ops[e.op_id].op_type for e in rec.events].count("Conv2D") == 2
+
+
+def test_an_eager_tapes_backward_graph_records_what_it_returns() -> None:
+    """The backward graph of an eager tape's gradient is filled by TensorFlow's gradient code,
+    not by a Python function: its MatMuls are returned as they are, and are recorded when the
+    graph becomes a function."""
+    w = tf.Variable(tf.ones([4, 3]))
+
+    @tf.function
+    def forward(x):
+        return tf.matmul(x, w)
+
+    with nddebug.trace() as rec:
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(forward(tf.ones([2, 4])))
+        tape.gradient(y, w)
+    assert [rec.ops[e.op_id].op_type for e in rec.events].count("MatMul") == 3  # 1 + 2 grads
+
+
+def test_what_a_python_function_reads_is_recorded() -> None:
+    k = tf.constant(np.full([3, 3, 2, 2], 0.1, np.float32))
+
+    @tf.function
+    def step(x):
+        return tf.numpy_function(lambda a: a * 2, [tf.nn.conv2d(x, k, 1, "SAME")], tf.float32)
+
+    with nddebug.trace() as rec:
+        step(tf.ones([1, 6, 6, 2]))
+    assert "Conv2D" in [rec.ops[e.op_id].op_type for e in rec.events]
+
+
+def test_no_ordering_edge_into_a_bias_add_with_an_unknown_batch() -> None:
+    """A BiasAdd may reuse only its value input's buffer: the bias's digest gets no edge into
+    it (an edge would stop grappler fusing it with its convolution)."""
+    k = tf.constant(np.full([3, 3, 2, 4], 0.1, np.float32))
+    b = tf.Variable(tf.ones([4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6, 6, 2], tf.float32)])
+    def step(x):
+        return tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, k, 1, "SAME"), b))
+
+    with nddebug.trace():
+        graph = step.get_concrete_function().graph
+        step(tf.ones([2, 6, 6, 2]))
+    (bias_add,) = [op for op in graph.get_operations() if op.type == "BiasAdd"]
+    assert bias_add.control_inputs == []
+
+
+def test_a_unit_stays_a_source_where_no_member_execution_explains_it() -> None:
+    """Sqrt and the division that fuses it run twice; the Sqrt differs only the first time,
+    the division both times: the second difference is the division's own."""
+    sqrt = _op(1, "f/Sqrt", "Sqrt", "GPU:0")
+    div = _op(2, "f/truediv", "RealDiv", "GPU:0", {"f/Sqrt": "Sqrt"})
+    runs = []
+    for values in ([1, 5, 3, 8], [2, 6, 3, 9]):
+        rec = Recording(digest_algorithm="test", environment={"devices": ["GPU:0"]})
+        rec.ops[0] = _op(0, "eager:call", "__inference_f", "GPU:0")
+        for seq, (op, value) in enumerate(zip([sqrt, div, sqrt, div], values, strict=True)):
+            rec.ops[op.op_id] = op
+            rec.events.append(Event(seq, op.op_id, 10, [(value, 0)], [(7, 7)]))
+        rec.events.append(Event(10, 0, 10, [(99, 0)], []))
+        runs.append(rec)
+    roles = {f.key: f.role for f in analysis.compare_recordings(runs).findings}
+    assert roles == {"f/Sqrt": "source", "f/truediv": "source"}, roles

@@ -227,9 +227,10 @@ _hooked = False
 
 def hook_graph_ends() -> None:
     """Call :func:`finish_graph` on each graph TensorFlow builds from a Python function
-    (tf.function bodies, loop bodies, branches) right after the function returns, before the
-    graph becomes a function. Installed at the first trace and never removed (graphs traced
-    in a block can be completed after it); it costs a dictionary lookup per graph."""
+    (tf.function bodies, loop bodies, branches) right after the function returns, and on
+    every graph as it becomes a function. Installed at the first trace and never removed
+    (graphs traced in a block can be completed after it); it costs a dictionary lookup per
+    graph."""
     global _hooked
     if _hooked:
         return
@@ -248,6 +249,22 @@ def hook_graph_ends() -> None:
         return graph
 
     func_graph_module.func_graph_from_py_func = func_graph_from_py_func
+
+    # Graphs built without a Python function (the backward graph of an eager tape's
+    # gradient: FuncGraph(...) filled by the gradient code) are complete when they become a
+    # function, which every graph does through this one call.
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    make_function = atomic_function.from_func_graph
+
+    @functools.wraps(make_function)
+    def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
+        if REGISTRY.graph_digests.get(graph):
+            with inside_nddebug():
+                finish_graph(graph)
+        return make_function(name, graph, *args, **kwargs)
+
+    atomic_function.from_func_graph = from_func_graph
     _hooked = True
 
 
@@ -382,6 +399,10 @@ def _order_record(graph: Any, sender: Any, stateful: bool, resource: str, writes
 
 
 _NEVER_FORWARDED = frozenset({"Placeholder", "Const"})
+#: Ops whose kernels may take over only some inputs' buffers (forward_input_or_allocate_output
+#: on those): an edge from another input's digest would be one more control input, and a
+#: BiasAdd with one is not fused with its contraction (FindContractionWithBias).
+_REUSES_ONLY = {"BiasAdd": (0,), "BiasAddV1": (0,)}
 #: Contractions: their kernels always allocate a new output.
 _NEVER_REUSES_AN_INPUT = frozenset(
     {
@@ -416,9 +437,12 @@ def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
         # remapper from fusing it with its bias and activation (HasControlFaninOrFanout).
         return
     seen = set()
-    for t, d in zip(inputs, digests, strict=False):
+    reusable = _REUSES_ONLY.get(op.type)
+    for position, (t, d) in enumerate(zip(inputs, digests, strict=False)):
         d_op = getattr(d, "op", None)
         if d_op is None or d_op.name in seen or d_op.graph is not op.graph:
+            continue
+        if reusable is not None and position not in reusable:
             continue
         if t.op.type in _NEVER_FORWARDED:
             # A function's argument or capture is held by the caller, a constant by the
@@ -453,6 +477,11 @@ def _note_xla(rec: Any, graph: Any) -> None:
     rec.xla_functions.add(name)
 
 
+def _key_base(graph: Any, op: Any) -> str:
+    """An op's key before a duplicate's "#n" (see OpInfo.key)."""
+    return f"{graph_key(graph)}/{ops.UID_IN_NAME.sub('', op.name)}"
+
+
 def instrument_op(
     rec: Any,
     op_type: str,
@@ -467,6 +496,13 @@ def instrument_op(
     import tensorflow as tf
 
     if op_type in ops.SKIP_OPS:
+        # Not recorded (a Python function's call is compared by its outputs), but what it
+        # reads is read outside any rewrite: an intermediate left for its readers is
+        # recorded now.
+        for t in inputs:
+            d = REGISTRY.graph_cache(graph).get(t.name)
+            if isinstance(d, Deferred):
+                d.materialize()
         return None
     if in_xla(graph):
         _note_xla(rec, graph)
@@ -541,7 +577,7 @@ def instrument_op(
             not v1
             and rewrites.may_fuse(op_type, op.device or "")
             and len(out_tensors) == 1
-            and not rec.capture
+            and not (rec.capture and _key_base(graph, op) in rec.capture)
             and not note
             and _digestible(out_tensors[0])
         )
@@ -568,7 +604,7 @@ def instrument_op(
             elif dups:
                 payload += rerun.device_payload(t, again)
     op_id = REGISTRY.new_id()
-    base = f"{graph_key(graph)}/{ops.UID_IN_NAME.sub('', op.name)}"
+    base = _key_base(graph, op)
     seen = REGISTRY.graph_keys.setdefault(graph, {})
     count = seen.get(base, 0)
     seen[base] = count + 1

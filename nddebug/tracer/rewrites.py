@@ -18,17 +18,30 @@ from typing import Any
 SCHEMA = 1
 WHERE = ("any", "cpu", "onednn", "gpu")
 OPTIMIZERS = ("arithmetic", "constant folding", "remapper")
-_FIELDS = {"name", "optimizer", "producers", "consumers", "input", "where", "bits", "source"}
+_FIELDS = {
+    "name",
+    "optimizer",
+    "producers",
+    "consumers",
+    "pairs",
+    "input",
+    "where",
+    "bits",
+    "source",
+}
+_OPTIONAL = {"producers", "consumers", "pairs", "input"}
 
 
 @dataclass(frozen=True)
 class Rewrite:
-    """One rewrite: ``producers`` feeding ``consumers`` (at input ``input``, or any)."""
+    """One rewrite: each of ``pairs`` is a producer whose output a consumer reads (at input
+    ``input``, or any). A table entry gives either ``producers`` and ``consumers`` (every
+    producer with every consumer) or the ``pairs`` themselves, where not every combination
+    is a pattern grappler rewrites."""
 
     name: str
     optimizer: str
-    producers: frozenset[str]
-    consumers: frozenset[str]
+    pairs: frozenset[tuple[str, str]]
     input: int | None
     where: frozenset[str]
     bits: str
@@ -44,15 +57,30 @@ def parse(text: str, origin: str = "<string>") -> tuple[Rewrite, ...]:
     for i, entry in enumerate(data.get("rewrite", [])):
         where = f"{origin}: rewrite #{i + 1} ({entry.get('name', '?')})"
         unknown = set(entry) - _FIELDS
-        missing = _FIELDS - {"input"} - set(entry)
+        missing = _FIELDS - _OPTIONAL - set(entry)
         if unknown or missing:
             raise ValueError(
                 f"{where}: unknown fields {sorted(unknown)}, missing {sorted(missing)}"
             )
-        for field in ("producers", "consumers"):
-            ops = entry[field]
-            if not ops or not all(isinstance(o, str) and o.isidentifier() for o in ops):
-                raise ValueError(f"{where}: {field} must be a non-empty list of op types")
+        if ("pairs" in entry) == ("producers" in entry or "consumers" in entry):
+            raise ValueError(f"{where}: give either producers and consumers, or pairs")
+        if "pairs" in entry:
+            pairs = entry["pairs"]
+            if (
+                not isinstance(pairs, list)
+                or not pairs
+                or not all(isinstance(p, list) and len(p) == 2 for p in pairs)
+            ):
+                raise ValueError(f"{where}: pairs must be a non-empty list of [producer, consumer]")
+            names = [o for p in pairs for o in p]
+        else:
+            for field in ("producers", "consumers"):
+                if not entry.get(field):
+                    raise ValueError(f"{where}: {field} must be a non-empty list of op types")
+            names = [*entry["producers"], *entry["consumers"]]
+            pairs = [[p, c] for p in entry["producers"] for c in entry["consumers"]]
+        if not all(isinstance(o, str) and o.isidentifier() for o in names):
+            raise ValueError(f"{where}: op types must be names such as 'BiasAdd'")
         places = entry["where"]
         if not isinstance(places, list) or not places or not set(places) <= set(WHERE):
             raise ValueError(f"{where}: where must be a list of {WHERE}")
@@ -65,8 +93,7 @@ def parse(text: str, origin: str = "<string>") -> tuple[Rewrite, ...]:
             Rewrite(
                 name=str(entry["name"]),
                 optimizer=entry["optimizer"],
-                producers=frozenset(entry["producers"]),
-                consumers=frozenset(entry["consumers"]),
+                pairs=frozenset((p, c) for p, c in pairs),
                 input=position,
                 where=frozenset(places),
                 bits=str(entry["bits"]),
@@ -84,6 +111,13 @@ def table() -> tuple[Rewrite, ...]:
 
 
 @functools.cache
+def _gpu_present() -> bool:
+    from nddebug import digest as dg
+
+    return dg.gpu_present()
+
+
+@functools.cache
 def _where_now(gpu: bool) -> frozenset[str]:
     from nddebug.environment import onednn_enabled
 
@@ -95,10 +129,8 @@ def _where_now(gpu: bool) -> frozenset[str]:
 def _applies(device: str) -> frozenset[str]:
     """Which ``where`` values hold for an op placed on ``device`` ("" when unplaced: the GPU
     if there is one)."""
-    from nddebug import digest as dg
-
     upper = device.upper()
-    gpu = "GPU" in upper or (not upper and dg.gpu_present())
+    gpu = "GPU" in upper or (not upper and _gpu_present())
     return _where_now(gpu)
 
 
@@ -109,10 +141,9 @@ def _index(where: frozenset[str]) -> tuple[frozenset[str], dict[tuple[str, str],
     for r in table():
         if not r.where & where:
             continue
-        producers |= r.producers
-        for p in r.producers:
-            for c in r.consumers:
-                pairs.setdefault((p, c), set()).add(r.input)
+        for p, c in r.pairs:
+            producers.add(p)
+            pairs.setdefault((p, c), set()).add(r.input)
     return frozenset(producers), pairs
 
 
