@@ -67,8 +67,8 @@ def known_risks(
                 continue
             device = _device(op, env)
             # The op, then the kernels recorded with it as one unit (OpInfo.fused): they ran
-            # too, their outputs were only not digested apart.
-            members = [(op.key, op.op_type, op.op_name), *_fused_members(op)]
+            # too, their outputs were only not digested apart; a key names each.
+            members = [(op.key, op.op_type, op.op_name), *((k, t, k) for k, t in op.fused.items())]
             for key, op_type, name in members:
                 if key in seen:
                     continue
@@ -91,12 +91,6 @@ def known_risks(
                     culprit=culprit,
                 )
     return list(seen.values())
-
-
-def _fused_members(op: Any) -> list[tuple[str, str, str]]:
-    """(key, op type, name) of each op recorded as one unit with ``op``; its key (graph and
-    op name) stands for its name."""
-    return [(key, op_type, key) for key, op_type in op.fused.items()]
 
 
 def rule_out_bound(runs: int, confidence: float = 0.95) -> float | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import hashlib
 import json
 import os
@@ -34,6 +33,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from nddebug import digest as dg
 
 ENV = "NDDEBUG_NATIVE"  # "0": never use the native ops
 CACHE_ENV = "NDDEBUG_CACHE_DIR"
@@ -304,7 +305,7 @@ def enabled() -> bool:
 def load() -> Native | None:
     """The native library, built on first use; None where the pure-TF path must run (disabled,
     a GPU present, or the build failed: see :func:`problem`)."""
-    if not enabled() or _gpu_present():
+    if not enabled() or dg.gpu_present():
         return None
     with _lock:
         if "lib" not in _state:
@@ -319,11 +320,4 @@ def load() -> Native | None:
 
 def problem() -> str:
     """Why the native library could not be used ("" if it was, or was not wanted)."""
-    return _state.get("problem", "") if enabled() and not _gpu_present() else ""
-
-
-@functools.cache
-def _gpu_present() -> bool:
-    from nddebug import digest as dg
-
-    return dg.gpu_present()
+    return _state.get("problem", "") if enabled() and not dg.gpu_present() else ""

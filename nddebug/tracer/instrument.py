@@ -96,7 +96,6 @@ class Deferred:
     ) -> None:
         self.op_type = op_type
         self.inputs = inputs  # the digests its record would hold as its inputs (folded)
-        self.key = key
         # The chain it stands for: the ops it covered, then itself (key -> op type).
         self.fused = {**fused, key: op_type}
         self._emit = emit
@@ -240,12 +239,15 @@ def hook_graph_ends() -> None:
 
     original = func_graph_module.func_graph_from_py_func
 
-    @functools.wraps(original)
-    def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
-        graph = original(*args, **kwargs)
+    def finish(graph: Any) -> None:
         if REGISTRY.graph_digests.get(graph):
             with inside_nddebug():
                 finish_graph(graph)
+
+    @functools.wraps(original)
+    def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
+        graph = original(*args, **kwargs)
+        finish(graph)
         return graph
 
     func_graph_module.func_graph_from_py_func = func_graph_from_py_func
@@ -259,9 +261,7 @@ def hook_graph_ends() -> None:
 
     @functools.wraps(make_function)
     def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
-        if REGISTRY.graph_digests.get(graph):
-            with inside_nddebug():
-                finish_graph(graph)
+        finish(graph)
         return make_function(name, graph, *args, **kwargs)
 
     atomic_function.from_func_graph = from_func_graph
@@ -499,8 +499,9 @@ def instrument_op(
         # Not recorded (a Python function's call is compared by its outputs), but what it
         # reads is read outside any rewrite: an intermediate left for its readers is
         # recorded now.
+        cache = REGISTRY.graph_cache(graph)
         for t in inputs:
-            d = REGISTRY.graph_cache(graph).get(t.name)
+            d = cache.get(t.name)
             if isinstance(d, Deferred):
                 d.materialize()
         return None
@@ -557,6 +558,7 @@ def instrument_op(
     fused = None
     defer = False
     fused_with: dict[str, str] = {}
+    base = _key_base(graph, op)
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
         out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
@@ -577,7 +579,7 @@ def instrument_op(
             not v1
             and rewrites.may_fuse(op_type, op.device or "")
             and len(out_tensors) == 1
-            and not (rec.capture and _key_base(graph, op) in rec.capture)
+            and not (rec.capture and base in rec.capture)
             and not note
             and _digestible(out_tensors[0])
         )
@@ -604,7 +606,6 @@ def instrument_op(
             elif dups:
                 payload += rerun.device_payload(t, again)
     op_id = REGISTRY.new_id()
-    base = _key_base(graph, op)
     seen = REGISTRY.graph_keys.setdefault(graph, {})
     count = seen.get(base, 0)
     seen[base] = count + 1

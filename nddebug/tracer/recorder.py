@@ -343,10 +343,8 @@ class Recorder:
             for slot, value in zip(slots, values, strict=False):
                 kept[f"{ev.seq}:{slot}"] = np.array(value)
         with self.lock:
-            if op_id not in self.recording.ops:
-                self.recording.ops[op_id] = op.copy()  # this run's copy
-            self.pending.append(ev)
             self.recording.values.update(kept)
+        self._add([ev], {op_id: op})
 
 
 _MIXED = (

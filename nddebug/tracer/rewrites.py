@@ -111,13 +111,6 @@ def table() -> tuple[Rewrite, ...]:
 
 
 @functools.cache
-def _gpu_present() -> bool:
-    from nddebug import digest as dg
-
-    return dg.gpu_present()
-
-
-@functools.cache
 def _where_now(gpu: bool) -> frozenset[str]:
     from nddebug.environment import onednn_enabled
 
@@ -129,8 +122,10 @@ def _where_now(gpu: bool) -> frozenset[str]:
 def _applies(device: str) -> frozenset[str]:
     """Which ``where`` values hold for an op placed on ``device`` ("" when unplaced: the GPU
     if there is one)."""
+    from nddebug import digest as dg
+
     upper = device.upper()
-    gpu = "GPU" in upper or (not upper and _gpu_present())
+    gpu = "GPU" in upper or (not upper and dg.gpu_present())
     return _where_now(gpu)
 
 
