@@ -311,7 +311,6 @@ def eager_digest_fn(dtype: Any, shape: tuple[int, ...] | None, use_matmul: bool)
 
 
 @functools.cache
-@functools.cache
 def gpu_present() -> bool:
     """Graph ops are placed after tracing, so the kernel path is chosen once per process (the
     devices are fixed once TensorFlow's runtime has started, so the answer is kept: it is

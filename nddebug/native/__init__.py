@@ -14,15 +14,21 @@ no sidecar, is rebuilt before it is loaded.
 
 Why optional: a compiler or TensorFlow's headers may be missing. Then the tracer uses the
 pure-TF digest and one host callback per op, and the recording says so in a warning.
-``NDDEBUG_NATIVE=0`` chooses that path on purpose. Only CPU kernels exist: on a machine with
-a GPU the pure-TF path runs (its digest runs on the GPU); a CUDA kernel for the same ops
-would slot in here.
+``NDDEBUG_NATIVE=0`` chooses that path on purpose.
+
+On a GPU the fused op digests on the device: ``nddebug_digest.cu`` holds the kernels, and
+``nddebug_digest.ptx`` beside it is what NVRTC compiles them to (``python -m nddebug.native
+ptx`` regenerates it where NVRTC is installed, e.g. ``pip install nvidia-cuda-nvrtc-cu12``).
+The library hands the PTX to the CUDA driver, which compiles it for the GPU at hand, so
+neither building nor running needs a CUDA toolkit. Where the PTX is missing, or
+``NDDEBUG_NATIVE_GPU=0``, a machine with a GPU uses the pure-TF path, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import json
 import os
@@ -39,6 +45,12 @@ from nddebug import digest as dg
 ENV = "NDDEBUG_NATIVE"  # "0": never use the native ops
 CACHE_ENV = "NDDEBUG_CACHE_DIR"
 SOURCE = Path(__file__).with_name("nddebug_ops.cc")
+CUDA_SOURCE = Path(__file__).with_name("nddebug_digest.cu")
+PTX = Path(__file__).with_name("nddebug_digest.ptx")
+GPU_ENV = "NDDEBUG_NATIVE_GPU"  # "0": never digest on the GPU with the native kernels
+#: What NVRTC compiles the kernels for: PTX for compute capability 6.0 runs, through the
+#: driver's compiler, on every GPU TensorFlow 2.x supports.
+NVRTC_OPTIONS = ("--gpu-architecture=compute_60", "-std=c++14")
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # "lib": Native | None, "problem": str
@@ -55,6 +67,7 @@ class Native:
     path: Path
     ops: Any
     clib: Any
+    gpu: bool = False  # the fused op has working GPU kernels (the PTX was handed over)
 
     def digest(self, gate: Any, tensors: list[Any]) -> Any:
         """int64 [len(tensors), 2]: the digests (zeros while ``gate`` is 0)."""
@@ -278,6 +291,11 @@ def _file_lock(path: Path) -> Any:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def gpu_kernels_wanted() -> bool:
+    """Whether a machine with a GPU should digest on it with the native kernels."""
+    return os.environ.get(GPU_ENV, "1") != "0" and PTX.exists()
+
+
 def _open(path: Path) -> Native:
     import tensorflow as tf
 
@@ -294,7 +312,11 @@ def _open(path: Path) -> Native:
         ctypes.c_int64,
         ctypes.POINTER(ctypes.c_int64),
     ]
-    return Native(path, ops, clib)
+    clib.nddebug_set_ptx.argtypes = [ctypes.c_char_p]
+    gpu = dg.gpu_present() and gpu_kernels_wanted()
+    if gpu:
+        clib.nddebug_set_ptx(PTX.read_bytes())
+    return Native(path, ops, clib, gpu)
 
 
 def enabled() -> bool:
@@ -304,20 +326,99 @@ def enabled() -> bool:
 
 def load() -> Native | None:
     """The native library, built on first use; None where the pure-TF path must run (disabled,
-    a GPU present, or the build failed: see :func:`problem`)."""
-    if not enabled() or dg.gpu_present():
+    a GPU present without the GPU kernels, or the build failed: see :func:`problem`)."""
+    if not enabled() or (dg.gpu_present() and not gpu_kernels_wanted()):
         return None
     with _lock:
         if "lib" not in _state:
             try:
-                _state["lib"] = _open(build())
+                lib = _open(build())
                 _state["problem"] = ""
+                if lib.gpu:
+                    why = _probe_gpu(lib)
+                    if why:
+                        lib = dataclasses.replace(lib, gpu=False)
+                        _state["problem"] = f"the GPU digest kernels do not work here ({why})"
+                _state["lib"] = lib
             except Exception as exc:  # noqa: BLE001 - any failure means the pure-TF path
                 _state["lib"] = None
                 _state["problem"] = f"{type(exc).__name__}: {exc}"
-        return _state["lib"]
+        lib = _state["lib"]
+        if lib is not None and dg.gpu_present() and not lib.gpu:
+            return None  # GPU ops need the kernels: the whole graph takes the pure-TF path
+        return lib
+
+
+def _probe_gpu(lib: Native) -> str:
+    """Why the GPU kernels cannot be used ("" when they digest one tensor as the host does):
+    a driver that cannot load the PTX, or no libcuda, shows here once, not in the user's step.
+    Runs when the library is first loaded, before any trace has switched the buffer on."""
+    import numpy as np
+    import tensorflow as tf
+
+    value = np.array([1.5, -0.0, 3.0], np.float32)
+    try:
+        lib.set_active(True)
+        try:
+            with tf.device("/GPU:0"):
+                (d,) = lib.digest_record(0, [tf.constant(value)], [])
+            got = tuple(int(v) for v in d.numpy()[0])
+        finally:
+            lib.set_active(False)
+            lib.drain()
+    except Exception as exc:  # noqa: BLE001 - whatever fails, the pure-TF path still works
+        return f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+    want = dg.digest_numpy(value)
+    return "" if got == want else f"the GPU kernel digested a test tensor as {got}, not {want}"
 
 
 def problem() -> str:
     """Why the native library could not be used ("" if it was, or was not wanted)."""
-    return _state.get("problem", "") if enabled() and not dg.gpu_present() else ""
+    wanted = enabled() and (not dg.gpu_present() or gpu_kernels_wanted())
+    return _state.get("problem", "") if wanted else ""
+
+
+def compile_ptx(nvrtc: str | None = None) -> str:
+    """``nddebug_digest.cu`` compiled to PTX by NVRTC (``nvrtc``: the library's path; else the
+    one pip's ``nvidia-cuda-nvrtc-cu12`` installed, else the system's)."""
+    path = nvrtc or _find_nvrtc()
+    if not path:
+        raise NativeBuildError("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12")
+    lib = ctypes.CDLL(path)
+    prog = ctypes.c_void_p()
+    src = CUDA_SOURCE.read_bytes()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src, CUDA_SOURCE.name.encode(), 0, None, None):
+        raise NativeBuildError("nvrtcCreateProgram failed")
+    opts = [o.encode() for o in NVRTC_OPTIONS]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc:
+        raise NativeBuildError(f"NVRTC failed ({rc}): {log.value.decode(errors='replace')}")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return ptx.value.decode()
+
+
+def nvrtc_release(nvrtc: str) -> str:
+    """The NVRTC library's release, e.g. ``"12.5"`` (PTX from different releases differs)."""
+    lib = ctypes.CDLL(nvrtc)
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+def _find_nvrtc() -> str | None:
+    import ctypes.util
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec else []:
+        for found in sorted(Path(root).glob("cuda_nvrtc/lib/libnvrtc.so*")):
+            if "builtins" not in found.name:
+                return str(found)
+    return ctypes.util.find_library("nvrtc")

@@ -1,14 +1,20 @@
-// nddebug's native ops (CPU kernels): the digest of nddebug/digest.py in one pass over the
-// bytes, and a recorder that appends digest rows to a process-global buffer, so a traced
-// graph hands its digests to Python once per call (a drain) instead of once per op; and both
-// in one op (NddebugDigestRecord), the one the tracer adds for most graph ops.
+// nddebug's native ops: the digest of nddebug/digest.py in one pass over the bytes, and a
+// recorder that appends digest rows to a process-global buffer, so a traced graph hands its
+// digests to Python once per call (a drain) instead of once per op; and both in one op
+// (NddebugDigestRecord), the one the tracer adds for most graph ops. That op also has a GPU
+// kernel, which digests on the device with the kernels of nddebug_digest.cu (see "the GPU
+// path" below); the other ops are CPU only.
 //
 // The digest definition ("nddebug-wsum64x2-v1") is in docs/format.md; digest_numpy is the
-// reference this must match bit for bit. A GPU kernel would register the same ops for
-// DEVICE_GPU: the sums wrap around mod 2**64 and are associative, so any reduction order
-// (atomics included) gives the same value.
+// reference this must match bit for bit. The sums wrap around mod 2**64 and are associative,
+// so any reduction order gives the same value (the GPU's included).
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -22,6 +28,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "xla/stream_executor/stream.h"
 
 namespace {
 
@@ -197,6 +204,221 @@ std::mutex g_mutex;
 std::vector<int64_t> g_rows;     // flat: op_id, n_out, n_in, then 2*(n_out+n_in) digests
 std::vector<int64_t> g_drained;  // what the last drain handed out (valid until the next)
 
+// ------------------------------------------------------------------ the GPU path
+// GPU ops digest on the device (nddebug_digest.cu, compiled to PTX, loaded through the CUDA
+// driver API, which TensorFlow's GPU build has loaded already): no CUDA toolkit is needed to
+// build or run this file. A GPU op's row is appended to g_rows at once with its digests left
+// zero; the kernel writes them into a slot of mapped pinned host memory, and the drain, which
+// waits for the streams those kernels went to, copies each slot into its row. One wait per
+// drain, no copy per op.
+using CUresult = int;
+using CUcontext = void*;
+using CUmodule = void*;
+using CUfunction = void*;
+using CUstream = void*;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+
+struct Driver {
+  CUresult (*StreamGetCtx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*CtxPushCurrent)(CUcontext) = nullptr;
+  CUresult (*CtxPopCurrent)(CUcontext*) = nullptr;
+  CUresult (*CtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*DeviceGetAttribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*ModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           unsigned, unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*MemHostAlloc)(void**, size_t, unsigned) = nullptr;
+  CUresult (*MemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned) = nullptr;
+  CUresult (*StreamSynchronize)(CUstream) = nullptr;
+  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+};
+
+struct GpuModule {
+  CUfunction parts = nullptr, finish = nullptr;
+  int sms = 1;
+};
+
+constexpr unsigned kThreads = 256;
+constexpr uint64_t kSmallWords = uint64_t{1} << 15;  // up to 256 KiB: one block digests it
+constexpr int kMaxX = 8, kMaxIn = 32;                  // as in nddebug_digest.cu
+
+struct XDesc {
+  uint64_t data, nbytes, parts, nparts, out, slot;
+};
+struct InDesc {
+  uint64_t ptr, npairs, at;
+};
+struct FinishArgs {
+  uint64_t row;
+  uint32_t n_x, n_in;
+  XDesc x[kMaxX];
+  InDesc in[kMaxIn];
+};
+
+struct PinnedChunk {
+  int64_t* host = nullptr;
+  CUdeviceptr dev = 0;
+  size_t cap = 0, used = 0;  // in int64s
+};
+
+struct Pending {
+  size_t row_at;  // the index in g_rows of the row's first digest value
+  int64_t* slot;  // its values in pinned memory
+  size_t n;       // int64s
+  CUstream stream;
+};
+
+std::mutex g_gpu_mutex;  // guards the driver, the modules and g_ptx
+Driver g_cu;
+std::string g_gpu_problem;  // why the GPU path cannot run ("" while it can)
+bool g_gpu_loaded = false;
+std::string g_ptx;
+std::map<CUcontext, GpuModule> g_modules;
+// Guarded by g_mutex, like g_rows:
+std::vector<PinnedChunk> g_chunks;
+std::vector<Pending> g_pending;
+
+std::string cu_error(CUresult r) {
+  const char* s = nullptr;
+  if (g_cu.GetErrorString != nullptr) g_cu.GetErrorString(r, &s);
+  return std::string("CUDA error ") + std::to_string(r) + (s ? std::string(" (") + s + ")" : "");
+}
+
+// Resolve the driver API once (dlopen of the libcuda TensorFlow loaded).
+bool load_driver_locked() {
+  if (g_gpu_loaded) return g_gpu_problem.empty();
+  g_gpu_loaded = true;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) h = dlopen("libcuda.so.1", RTLD_NOW);
+  if (h == nullptr) {
+    g_gpu_problem = "libcuda.so.1 could not be opened";
+    return false;
+  }
+  bool ok = true;
+  auto get = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+    if (fn == nullptr) {
+      ok = false;
+      g_gpu_problem = std::string("libcuda.so.1 lacks ") + name;
+    }
+  };
+  get(g_cu.StreamGetCtx, "cuStreamGetCtx");
+  get(g_cu.CtxPushCurrent, "cuCtxPushCurrent_v2");
+  get(g_cu.CtxPopCurrent, "cuCtxPopCurrent_v2");
+  get(g_cu.CtxGetDevice, "cuCtxGetDevice");
+  get(g_cu.DeviceGetAttribute, "cuDeviceGetAttribute");
+  get(g_cu.ModuleLoadData, "cuModuleLoadData");
+  get(g_cu.ModuleGetFunction, "cuModuleGetFunction");
+  get(g_cu.LaunchKernel, "cuLaunchKernel");
+  get(g_cu.MemHostAlloc, "cuMemHostAlloc");
+  get(g_cu.MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
+  get(g_cu.StreamSynchronize, "cuStreamSynchronize");
+  get(g_cu.GetErrorString, "cuGetErrorString");
+  return ok;
+}
+
+// Runs fn with the stream's context current on this thread.
+template <typename F>
+tensorflow::Status in_context(CUstream stream, CUcontext* ctx_out, F fn) {
+  CUcontext ctx = nullptr;
+  CUresult r = g_cu.StreamGetCtx(stream, &ctx);
+  if (r != 0) return tensorflow::errors::Internal("nddebug: cuStreamGetCtx: ", cu_error(r));
+  if (ctx_out != nullptr) *ctx_out = ctx;
+  r = g_cu.CtxPushCurrent(ctx);
+  if (r != 0) return tensorflow::errors::Internal("nddebug: cuCtxPushCurrent: ", cu_error(r));
+  tensorflow::Status s = fn(ctx);
+  CUcontext popped;
+  g_cu.CtxPopCurrent(&popped);
+  return s;
+}
+
+// The kernels in the stream's context, loaded (and the weights made) on first use.
+tensorflow::Status gpu_module(CUstream stream, GpuModule** out) {
+  std::lock_guard<std::mutex> lock(g_gpu_mutex);
+  if (!load_driver_locked()) return tensorflow::errors::Unavailable("nddebug: ", g_gpu_problem);
+  if (g_ptx.empty()) {
+    return tensorflow::errors::FailedPrecondition(
+        "nddebug: the GPU digest kernels were not given to the library (nddebug_set_ptx)");
+  }
+  CUcontext ctx = nullptr;
+  CUresult r = g_cu.StreamGetCtx(stream, &ctx);
+  if (r != 0) return tensorflow::errors::Internal("nddebug: cuStreamGetCtx: ", cu_error(r));
+  auto it = g_modules.find(ctx);
+  if (it != g_modules.end()) {
+    *out = &it->second;
+    return tensorflow::OkStatus();
+  }
+  GpuModule m;
+  tensorflow::Status s = in_context(stream, nullptr, [&](CUcontext) -> tensorflow::Status {
+    CUmodule mod = nullptr;
+    CUresult e = g_cu.ModuleLoadData(&mod, g_ptx.c_str());
+    if (e != 0) return tensorflow::errors::Internal("nddebug: loading the PTX: ", cu_error(e));
+    CUfunction init = nullptr;
+    if ((e = g_cu.ModuleGetFunction(&init, mod, "nddebug_init_weights")) != 0 ||
+        (e = g_cu.ModuleGetFunction(&m.parts, mod, "nddebug_digest_parts")) != 0 ||
+        (e = g_cu.ModuleGetFunction(&m.finish, mod, "nddebug_finish")) != 0) {
+      return tensorflow::errors::Internal("nddebug: a GPU kernel is missing: ", cu_error(e));
+    }
+    CUdevice dev = 0;
+    g_cu.CtxGetDevice(&dev);
+    g_cu.DeviceGetAttribute(&m.sms, 16 /* MULTIPROCESSOR_COUNT */, dev);
+    if (m.sms < 1) m.sms = 1;
+    e = g_cu.LaunchKernel(init, kBlock / kThreads, 1, 1, kThreads, 1, 1, 0, stream, nullptr,
+                          nullptr);
+    if (e == 0) e = g_cu.StreamSynchronize(stream);
+    if (e != 0) return tensorflow::errors::Internal("nddebug: weights kernel: ", cu_error(e));
+    return tensorflow::OkStatus();
+  });
+  if (!s.ok()) return s;
+  *out = &(g_modules[ctx] = m);
+  return tensorflow::OkStatus();
+}
+
+// n int64s of mapped pinned memory for one row (g_mutex held, the stream's context current).
+tensorflow::Status pinned_slot(size_t n, int64_t** host, CUdeviceptr* dev) {
+  for (auto& c : g_chunks) {
+    if (c.cap - c.used >= n) {
+      *host = c.host + c.used;
+      *dev = c.dev + 8 * c.used;
+      c.used += n;
+      return tensorflow::OkStatus();
+    }
+  }
+  PinnedChunk c;
+  c.cap = std::max<size_t>(n, size_t{1} << 18);
+  void* p = nullptr;
+  CUresult r = g_cu.MemHostAlloc(&p, 8 * c.cap, 0x01 | 0x02 /* PORTABLE | DEVICEMAP */);
+  if (r != 0) return tensorflow::errors::ResourceExhausted("nddebug: pinned row buffer: ", cu_error(r));
+  c.host = static_cast<int64_t*>(p);
+  r = g_cu.MemHostGetDevicePointer(&c.dev, p, 0);
+  if (r != 0) return tensorflow::errors::Internal("nddebug: mapped row buffer: ", cu_error(r));
+  c.used = n;
+  g_chunks.push_back(c);
+  *host = c.host;
+  *dev = c.dev;
+  return tensorflow::OkStatus();
+}
+
+// Before the rows are handed out (g_mutex held): wait for the kernels that write them and
+// copy their digests in.
+void settle_pending_locked() {
+  if (g_pending.empty()) return;
+  std::vector<CUstream> streams;
+  for (const auto& p : g_pending) {
+    if (std::find(streams.begin(), streams.end(), p.stream) == streams.end()) {
+      streams.push_back(p.stream);
+    }
+  }
+  for (CUstream s : streams) g_cu.StreamSynchronize(s);
+  for (const auto& p : g_pending) {
+    std::memcpy(g_rows.data() + p.row_at, p.slot, 8 * p.n);
+  }
+  g_pending.clear();
+  for (auto& c : g_chunks) c.used = 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -208,6 +430,7 @@ __attribute__((visibility("default"))) void nddebug_set_active(int on) {
 // the flat rows (valid until the next drain), the return value is their number of int64s.
 __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** data) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  settle_pending_locked();
   g_drained.clear();
   g_drained.swap(g_rows);
   *data = g_drained.data();
@@ -219,6 +442,12 @@ __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** dat
 __attribute__((visibility("default"))) int nddebug_set_simd(int on) {
   g_block_sums.store(on ? best_block_sums() : block_sums_scalar);
   return g_block_sums.load() != block_sums_scalar ? 1 : 0;
+}
+
+// The PTX of nddebug_digest.cu, given by the Python side before a GPU op runs.
+__attribute__((visibility("default"))) void nddebug_set_ptx(const char* ptx) {
+  std::lock_guard<std::mutex> lock(g_gpu_mutex);
+  g_ptx = ptx;
 }
 
 __attribute__((visibility("default"))) int64_t nddebug_digest_bytes(const char* data,
@@ -380,6 +609,155 @@ class DigestRecordOp : public OpKernel {
   std::vector<int64_t> in_static_at_;
 };
 
+// The fused op on a GPU: the same row and outputs as DigestRecordOp, digested on the device
+// (outputs that TensorFlow keeps in host memory, int32 ones, are digested on the host). The
+// launches are made under g_mutex so that a drain, which waits for the streams, covers them.
+class DigestRecordGpuOp : public OpKernel {
+ public:
+  explicit DigestRecordGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("op_id", &op_id_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_static", &in_static_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_static_at", &in_static_at_));
+    OP_REQUIRES(ctx, in_static_.size() == 2 * in_static_at_.size(),
+                tensorflow::errors::InvalidArgument("NddebugDigestRecord: in_static holds ",
+                                                    in_static_.size(), " values for ",
+                                                    in_static_at_.size(), " positions"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const bool on = g_active.load(std::memory_order_relaxed);
+    tensorflow::OpInputList xs, ds;
+    OP_REQUIRES_OK(ctx, ctx->input_list("x", &xs));
+    OP_REQUIRES_OK(ctx, ctx->input_list("in_digests", &ds));
+    std::vector<Tensor*> outs(xs.size(), nullptr);
+    for (int i = 0; i < xs.size(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({1, 2}), &outs[i]));
+    }
+    if (!on) return;  // outside trace(): no kernel, the outputs are never read
+    auto* dc = ctx->op_device_context();
+    OP_REQUIRES(ctx, dc != nullptr && dc->stream() != nullptr,
+                tensorflow::errors::Internal("nddebug: no GPU stream for ", name()));
+    CUstream stream = static_cast<CUstream>(dc->stream()->platform_specific_handle().stream);
+    GpuModule* mod = nullptr;
+    OP_REQUIRES_OK(ctx, gpu_module(stream, &mod));
+
+    // The row's input pairs: each dynamic input's position, the static ones' values.
+    std::vector<std::pair<int, int64_t>> dyn_at;  // (input list index, first pair)
+    std::vector<std::pair<int64_t, size_t>> static_at;  // (pair index, in_static index)
+    int64_t pairs = 0;
+    size_t next_static = 0;
+    auto take_static = [&]() {
+      while (next_static < in_static_at_.size() && in_static_at_[next_static] == pairs) {
+        static_at.emplace_back(pairs++, next_static++);
+      }
+    };
+    for (int d = 0; d < ds.size(); ++d) {
+      const int64_t n = ds[d].NumElements() / 2;
+      if (n == 0) continue;
+      take_static();
+      dyn_at.emplace_back(d, pairs);
+      // The tracer places static pairs between inputs, never inside one input's pairs.
+      OP_REQUIRES(ctx,
+                  next_static >= in_static_at_.size() || in_static_at_[next_static] >= pairs + n,
+                  tensorflow::errors::InvalidArgument(
+                      "NddebugDigestRecord (GPU): a static input digest position falls inside "
+                      "an input of several digests"));
+      pairs += n;
+    }
+    take_static();
+    OP_REQUIRES(ctx, next_static == in_static_at_.size(),
+                tensorflow::errors::InvalidArgument(
+                    "NddebugDigestRecord: static input digest position ",
+                    next_static < in_static_at_.size() ? in_static_at_[next_static] : -1,
+                    " is out of order or past the inputs"));
+
+    const int n_x = xs.size();
+    const size_t n_vals = 2 * (n_x + pairs);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    tensorflow::Status status = in_context(stream, nullptr, [&](CUcontext) -> tensorflow::Status {
+      int64_t* slot = nullptr;
+      CUdeviceptr slot_dev = 0;
+      TF_RETURN_IF_ERROR(pinned_slot(n_vals, &slot, &slot_dev));
+      std::memset(slot, 0, 8 * n_vals);
+      for (const auto& [at, k] : static_at) {
+        slot[2 * (n_x + at)] = in_static_[2 * k];
+        slot[2 * (n_x + at) + 1] = in_static_[2 * k + 1];
+      }
+      // Partial-sum buffers of the large device outputs, alive until Compute returns: the
+      // allocator hands their memory on only to work queued after ours on this stream.
+      std::vector<Tensor> temps;
+      std::vector<XDesc> xd;
+      for (int i = 0; i < n_x; ++i) {
+        XDesc d{};
+        d.out = reinterpret_cast<uint64_t>(outs[i]->tensor_data().data());
+        d.slot = i;
+        if (!tensorflow::DataTypeCanUseMemcpy(xs[i].dtype())) {
+          return tensorflow::errors::InvalidArgument("nddebug: cannot read the bytes of ",
+                                                     tensorflow::DataTypeString(xs[i].dtype()));
+        }
+        const auto bytes = xs[i].tensor_data();
+        if (ctx->input_memory_type(i) == tensorflow::HOST_MEMORY) {
+          uint64_t lo, hi;
+          digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), nullptr, &lo, &hi);
+          d.data = lo;
+          d.nbytes = hi;
+          d.nparts = ~uint64_t{0};
+        } else {
+          d.data = reinterpret_cast<uint64_t>(bytes.data());
+          d.nbytes = bytes.size();
+          const uint64_t words = (d.nbytes + 7) / 8;
+          if (words > kSmallWords) {
+            const uint64_t rows = (words + kBlock - 1) / kBlock;
+            const uint64_t grid = std::min<uint64_t>(rows, 8 * static_cast<uint64_t>(mod->sms));
+            temps.emplace_back();
+            TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64,
+                                                  TensorShape({static_cast<int64_t>(2 * grid)}),
+                                                  &temps.back()));
+            d.parts = reinterpret_cast<uint64_t>(temps.back().tensor_data().data());
+            d.nparts = grid;
+            void* args[] = {&d.data, &d.nbytes, &d.parts};
+            CUresult e = g_cu.LaunchKernel(mod->parts, grid, 1, 1, kThreads, 1, 1, 0, stream,
+                                           args, nullptr);
+            if (e != 0) return tensorflow::errors::Internal("nddebug: digest kernel: ", cu_error(e));
+          }
+        }
+        xd.push_back(d);
+      }
+      // One finish launch per kMaxX outputs and kMaxIn inputs (usually one).
+      size_t xi = 0, ii = 0;
+      do {
+        FinishArgs a{};
+        a.row = slot_dev;
+        for (; xi < xd.size() && a.n_x < kMaxX; ++xi) a.x[a.n_x++] = xd[xi];
+        for (; ii < dyn_at.size() && a.n_in < kMaxIn; ++ii) {
+          const Tensor& t = ds[dyn_at[ii].first];
+          InDesc& in = a.in[a.n_in++];
+          in.ptr = reinterpret_cast<uint64_t>(t.tensor_data().data());
+          in.npairs = t.NumElements() / 2;
+          in.at = n_x + dyn_at[ii].second;
+        }
+        void* args[] = {&a};
+        CUresult e = g_cu.LaunchKernel(mod->finish, 1, 1, 1, kThreads, 1, 1, 0, stream, args,
+                                       nullptr);
+        if (e != 0) return tensorflow::errors::Internal("nddebug: finish kernel: ", cu_error(e));
+      } while (xi < xd.size() || ii < dyn_at.size());
+      g_rows.push_back(op_id_);
+      g_rows.push_back(n_x);
+      g_rows.push_back(pairs);
+      const size_t row_at = g_rows.size();
+      g_rows.resize(row_at + n_vals, 0);
+      g_pending.push_back({row_at, slot, n_vals, stream});
+      return tensorflow::OkStatus();
+    });
+    OP_REQUIRES_OK(ctx, status);
+  }
+
+ private:
+  int64_t op_id_ = 0;
+  std::vector<int64_t> in_static_;
+  std::vector<int64_t> in_static_at_;
+};
+
 }  // namespace
 
 REGISTER_OP("NddebugDigest")
@@ -425,3 +803,5 @@ REGISTER_KERNEL_BUILDER(Name("NddebugDigest").Device(tensorflow::DEVICE_CPU).Hos
 REGISTER_KERNEL_BUILDER(Name("NddebugRecord").Device(tensorflow::DEVICE_CPU), RecordOp);
 REGISTER_KERNEL_BUILDER(
     Name("NddebugDigestRecord").Device(tensorflow::DEVICE_CPU), DigestRecordOp);
+REGISTER_KERNEL_BUILDER(
+    Name("NddebugDigestRecord").Device(tensorflow::DEVICE_GPU), DigestRecordGpuOp);

@@ -155,7 +155,7 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     if _digestible(tensor):
         lib = transport.native_ops()
         native_here = lib is not None and rerun.on_host(tensor.device)
-        if native_here and tensor.op.type == "Const":
+        if lib is not None and tensor.op.type == "Const":
             d = _const_digest(tensor)
         if d is None:
             with tf.name_scope("nddebug"):
@@ -333,14 +333,15 @@ def _as_tensor(d: Any) -> Any:
 
 def _fused_lib(rec: Any, graph: Any, out_tensors: list[Any], k_rerun: int) -> Any:
     """The native library when this op's outputs can be digested and recorded by one fused op
-    (native path, outputs on the host and not digested already, no tensor values to keep)."""
+    (native path, outputs on the host or on a GPU the library has kernels for, not digested
+    already, no tensor values to keep)."""
     if k_rerun or rec.capture or not any(_digestible(t) for t in out_tensors):
         return None
     lib = transport.native_ops()
     if lib is None:
         return None
     cache = REGISTRY.graph_cache(graph)
-    if any(t.name in cache or not rerun.on_host(t.device) for t in out_tensors):
+    if any(t.name in cache or not (lib.gpu or rerun.on_host(t.device)) for t in out_tensors):
         return None
     return lib
 

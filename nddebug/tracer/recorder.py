@@ -153,7 +153,8 @@ class Recorder:
                 self.recording,
                 "nddebug's native ops could not be built or loaded, so graph digests use the "
                 f"slower pure-TF path with one host callback per op ({native.problem()}). "
-                "Run `python -m nddebug.native build` to see why; NDDEBUG_NATIVE=0 silences this.",
+                "Run `python -m nddebug.native build` to see why; NDDEBUG_NATIVE=0 silences this "
+                "(NDDEBUG_NATIVE_GPU=0 where it is the GPU kernels).",
             )
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
