@@ -49,6 +49,13 @@ def test_without_a_gpu_the_library_has_no_gpu_kernels_and_says_nothing() -> None
         pytest.skip(f"native library unavailable here: {native.problem()}")
     assert lib.gpu is False
     assert native.problem() == ""
+    # The switch the GPU probe reads (it must not probe inside a recording block).
+    assert lib.is_active() is False
+    lib.set_active(True)
+    try:
+        assert lib.is_active() is True
+    finally:
+        lib.set_active(False)
 
 
 # Sizes in elements, per dtype: empty, one element, a partial word, a block's worth, just past

@@ -127,6 +127,10 @@ class Native:
     def set_active(self, on: bool) -> None:
         self.clib.nddebug_set_active(1 if on else 0)
 
+    def is_active(self) -> bool:
+        """Whether the buffer is on (a trace() block is recording)."""
+        return bool(self.clib.nddebug_is_active())
+
     def set_simd(self, on: bool) -> bool:
         """Digest with the widest loop this CPU runs (``True``, the default: AVX2 on x86-64
         CPUs that have it) or the portable one; both give the same digest. Returns whether a
@@ -313,6 +317,7 @@ def _open(path: Path) -> Native:
         ctypes.POINTER(ctypes.c_int64),
     ]
     clib.nddebug_set_ptx.argtypes = [ctypes.c_char_p]
+    clib.nddebug_is_active.restype = ctypes.c_int
     gpu = dg.gpu_present() and gpu_kernels_wanted()
     if gpu:
         clib.nddebug_set_ptx(PTX.read_bytes())
@@ -352,10 +357,14 @@ def load() -> Native | None:
 def _probe_gpu(lib: Native) -> str:
     """Why the GPU kernels cannot be used ("" when they digest one tensor as the host does):
     a driver that cannot load the PTX, or no libcuda, shows here once, not in the user's step.
-    Runs when the library is first loaded, before any trace has switched the buffer on."""
+    Runs when the library is first loaded, normally as the first block switches the buffer
+    on; where a block is already recording, it is skipped (its row and its eager ops would
+    land in that block), and a failing kernel raises in the traced op instead."""
     import numpy as np
     import tensorflow as tf
 
+    if lib.is_active():
+        return ""
     value = np.array([1.5, -0.0, 3.0], np.float32)
     try:
         lib.set_active(True)

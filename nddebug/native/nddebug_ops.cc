@@ -426,6 +426,8 @@ __attribute__((visibility("default"))) void nddebug_set_active(int on) {
   g_active.store(on != 0);
 }
 
+__attribute__((visibility("default"))) int nddebug_is_active() { return g_active.load() ? 1 : 0; }
+
 // Hands out every row appended since the last drain, in arrival order: *data points at
 // the flat rows (valid until the next drain), the return value is their number of int64s.
 __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** data) {
