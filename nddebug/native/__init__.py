@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -296,8 +297,14 @@ def _file_lock(path: Path) -> Any:
 
 
 def gpu_kernels_wanted() -> bool:
-    """Whether a machine with a GPU should digest on it with the native kernels."""
-    return os.environ.get(GPU_ENV, "1") != "0" and PTX.exists()
+    """Whether a machine with a GPU should digest on it with the native kernels (asked per
+    op on a GPU machine: the PTX's presence is looked up once)."""
+    return os.environ.get(GPU_ENV, "1") != "0" and _ptx_shipped()
+
+
+@functools.cache
+def _ptx_shipped() -> bool:
+    return PTX.exists()
 
 
 def _open(path: Path) -> Native:

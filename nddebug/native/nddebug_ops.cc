@@ -605,7 +605,7 @@ class DigestRecordOp : public OpKernel {
     g_rows.insert(g_rows.end(), ins.begin(), ins.end());
   }
 
- private:
+ protected:  // the GPU kernel (DigestRecordGpuOp) shares the attrs
   int64_t op_id_ = 0;
   std::vector<int64_t> in_static_;
   std::vector<int64_t> in_static_at_;
@@ -614,17 +614,9 @@ class DigestRecordOp : public OpKernel {
 // The fused op on a GPU: the same row and outputs as DigestRecordOp, digested on the device
 // (outputs that TensorFlow keeps in host memory, int32 ones, are digested on the host). The
 // launches are made under g_mutex so that a drain, which waits for the streams, covers them.
-class DigestRecordGpuOp : public OpKernel {
+class DigestRecordGpuOp : public DigestRecordOp {
  public:
-  explicit DigestRecordGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("op_id", &op_id_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_static", &in_static_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("in_static_at", &in_static_at_));
-    OP_REQUIRES(ctx, in_static_.size() == 2 * in_static_at_.size(),
-                tensorflow::errors::InvalidArgument("NddebugDigestRecord: in_static holds ",
-                                                    in_static_.size(), " values for ",
-                                                    in_static_at_.size(), " positions"));
-  }
+  explicit DigestRecordGpuOp(OpKernelConstruction* ctx) : DigestRecordOp(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     const bool on = g_active.load(std::memory_order_relaxed);
@@ -754,10 +746,6 @@ class DigestRecordGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, status);
   }
 
- private:
-  int64_t op_id_ = 0;
-  std::vector<int64_t> in_static_;
-  std::vector<int64_t> in_static_at_;
 };
 
 }  // namespace
