@@ -50,6 +50,7 @@ source = "here"
         (('where = ["any"]', 'where = ["any"]\ninput = -1'), "input must be a position"),
         (('consumers = ["RealDiv"]', 'consumers = ["RealDiv"]\npairs = [["A", "B"]]'), "either"),
         (('producers = ["Sqrt"]\nconsumers = ["RealDiv"]', 'pairs = [["Sqrt"]]'), "pairs must"),
+        (('where = ["any"]', 'where = ["any"]\nstarts = [["Sqrt", "Mul"]]'), "starts must"),
     ],
 )
 def test_a_broken_table_is_refused_with_the_entry_named(change: tuple[str, str], message: str):
@@ -263,3 +264,22 @@ def test_a_unit_stays_a_source_where_no_member_execution_explains_it() -> None:
         runs.append(rec)
     roles = {f.key: f.role for f in analysis.compare_recordings(runs).findings}
     assert roles == {"f/Sqrt": "source", "f/truediv": "source"}, roles
+
+
+def test_a_pair_that_cannot_begin_its_pattern_fuses_only_inside_it(monkeypatch) -> None:
+    """Mish is Softplus -> Tanh -> Mul: a Tanh that reads anything but a Softplus is no part of
+    it, so tanh(a) * b is recorded op by op, not lumped into one unit (on oneDNN machines a
+    chain of Tanh and Mul became one record of 120 ops)."""
+    text = _GOOD.replace(
+        'producers = ["Sqrt"]\nconsumers = ["RealDiv"]',
+        'pairs = [["A", "B"], ["B", "C"]]\nstarts = [["A", "B"]]',
+    )
+    assert rewrites.parse(text)[0].starts == {("A", "B")}
+    # Where Mish fires (a CPU with oneDNN on), whatever this machine has.
+    monkeypatch.setattr(rewrites, "_applies", lambda device: frozenset({"any", "cpu", "onednn"}))
+    mish = "Mish (x * tanh(softplus(x)))"
+    assert rewrites.fuses("Softplus", "Tanh", 0, "") == {mish}
+    assert not rewrites.fuses("Tanh", "Mul", 0, "")
+    assert rewrites.fuses("Tanh", "Mul", 0, "", frozenset({mish})) == {mish}
+    # A Tanh may still begin other patterns (a composition of unary ops), not Mish.
+    assert rewrites.may_fuse("Tanh", "") and rewrites.may_fuse("Tanh", "", frozenset({mish}))

@@ -92,12 +92,20 @@ class Deferred:
     instrumented graph differ from the plain one."""
 
     def __init__(
-        self, op_type: str, inputs: list[Any], emit: Any, key: str, fused: dict[str, str]
+        self,
+        op_type: str,
+        inputs: list[Any],
+        emit: Any,
+        key: str,
+        fused: dict[str, str],
+        inside: frozenset[str],
     ) -> None:
         self.op_type = op_type
         self.inputs = inputs  # the digests its record would hold as its inputs (folded)
         # The chain it stands for: the ops it covered, then itself (key -> op type).
         self.fused = {**fused, key: op_type}
+        # The rewrites whose pattern it is part of (rewrites.fuses), by the ops it covered.
+        self.inside = inside
         self._emit = emit
         self._digest: Any = None
         self.sender: Any = None  # the op that records it, once made
@@ -115,31 +123,34 @@ class Deferred:
 
 def _input_digests(
     graph: Any, op_type: str, inputs: Any, device: str
-) -> tuple[list[Any], list[Any], dict[str, str]]:
+) -> tuple[list[Any], list[Any], dict[str, str], frozenset[str]]:
     """The digests an op's record holds as its inputs, the digest read from each input (None
-    where none is: unreadable, or an intermediate it fuses with), and the ops it fuses with
-    (key -> op type, in data-flow order)."""
+    where none is: unreadable, or an intermediate it fuses with), the ops it fuses with
+    (key -> op type, in data-flow order) and the rewrites whose pattern that makes it part
+    of."""
     cache = REGISTRY.graph_cache(graph)
     recorded: list[Any] = []
     per_input: list[Any] = []
     fused: dict[str, str] = {}
+    inside: frozenset[str] = frozenset()
     for position, t in enumerate(inputs):
         d = cache.get(t.name)
-        if (
-            isinstance(d, Deferred)
-            and not d.done
-            and op_type
-            and rewrites.fuses(d.op_type, op_type, position, device)
-        ):
+        by = (
+            rewrites.fuses(d.op_type, op_type, position, device, d.inside)
+            if isinstance(d, Deferred) and not d.done and op_type
+            else None
+        )
+        if by:
             recorded.extend(d.inputs)  # what the rewritten op reads
             per_input.append(None)
             d.covered = True
             fused.update(d.fused)
+            inside |= by
             continue
         d = digest_in_graph(graph, t)
         recorded.append(d)
         per_input.append(d)
-    return recorded, per_input, fused
+    return recorded, per_input, fused, inside
 
 
 def digest_in_graph(graph: Any, tensor: Any) -> Any:
@@ -559,6 +570,7 @@ def instrument_op(
     fused = None
     defer = False
     fused_with: dict[str, str] = {}
+    inside: frozenset[str] = frozenset()
     base = _key_base(graph, op)
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
@@ -570,7 +582,7 @@ def instrument_op(
         if op_type in SHAPE_ONLY_OPS:
             in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
         else:
-            in_digests, per_input, fused_with = _input_digests(
+            in_digests, per_input, fused_with, inside = _input_digests(
                 graph, "" if v1 else op_type, inputs, op.device or ""
             )
         if not v1:  # a TF1 op may have run already: it must not change
@@ -578,7 +590,7 @@ def instrument_op(
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         defer = (
             not v1
-            and rewrites.may_fuse(op_type, op.device or "")
+            and rewrites.may_fuse(op_type, op.device or "", inside)
             and len(out_tensors) == 1
             and not (rec.capture and base in rec.capture)
             and not note
@@ -677,7 +689,7 @@ def instrument_op(
 
     if defer and not payload:
         # Recorded once an op it does not fuse with reads it (see Deferred).
-        deferred = Deferred(op_type, in_digests, emit, key, fused_with)
+        deferred = Deferred(op_type, in_digests, emit, key, fused_with, inside)
         REGISTRY.graph_cache(graph)[out_tensors[0].name] = deferred
         return None
     return emit()[0]

@@ -13,7 +13,6 @@ import functools
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 SCHEMA = 1
 WHERE = ("any", "cpu", "onednn", "gpu")
@@ -24,12 +23,13 @@ _FIELDS = {
     "producers",
     "consumers",
     "pairs",
+    "starts",
     "input",
     "where",
     "bits",
     "source",
 }
-_OPTIONAL = {"producers", "consumers", "pairs", "input"}
+_OPTIONAL = {"producers", "consumers", "pairs", "starts", "input"}
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,17 @@ class Rewrite:
     """One rewrite: each of ``pairs`` is a producer whose output a consumer reads (at input
     ``input``, or any). A table entry gives either ``producers`` and ``consumers`` (every
     producer with every consumer) or the ``pairs`` themselves, where not every combination
-    is a pattern grappler rewrites."""
+    is a pattern grappler rewrites.
+
+    ``starts`` are the pairs that may begin the pattern, where the producer reads its input
+    from outside it (all pairs unless the entry says). Any other pair is part of the pattern
+    only where its producer already is: Mish's Tanh -> Mul only after a Softplus -> Tanh, so
+    a Tanh that reads anything else is recorded as it is, not lumped with its consumer."""
 
     name: str
     optimizer: str
     pairs: frozenset[tuple[str, str]]
+    starts: frozenset[tuple[str, str]]
     input: int | None
     where: frozenset[str]
     bits: str
@@ -86,6 +92,13 @@ def parse(text: str, origin: str = "<string>") -> tuple[Rewrite, ...]:
             raise ValueError(f"{where}: where must be a list of {WHERE}")
         if entry["optimizer"] not in OPTIMIZERS:
             raise ValueError(f"{where}: optimizer must be one of {OPTIMIZERS}")
+        starts = entry.get("starts", pairs)
+        if (
+            not isinstance(starts, list)
+            or not starts
+            or not all(isinstance(p, list) and [*p] in pairs for p in starts)
+        ):
+            raise ValueError(f"{where}: starts must be a non-empty list of its pairs")
         position = entry.get("input")
         if position is not None and (not isinstance(position, int) or position < 0):
             raise ValueError(f"{where}: input must be a position (0, 1, ...)")
@@ -94,6 +107,7 @@ def parse(text: str, origin: str = "<string>") -> tuple[Rewrite, ...]:
                 name=str(entry["name"]),
                 optimizer=entry["optimizer"],
                 pairs=frozenset((p, c) for p, c in pairs),
+                starts=frozenset((p, c) for p, c in starts),
                 input=position,
                 where=frozenset(places),
                 bits=str(entry["bits"]),
@@ -129,26 +143,49 @@ def _applies(device: str) -> frozenset[str]:
     return _where_now(gpu)
 
 
+#: For one (producer, consumer) pair: (rewrite name, input position or None, is a start).
+_Use = tuple[str, int | None, bool]
+
+
 @functools.cache
-def _index(where: frozenset[str]) -> tuple[frozenset[str], dict[tuple[str, str], set[Any]]]:
-    producers: set[str] = set()
-    pairs: dict[tuple[str, str], set[Any]] = {}
+def _index(where: frozenset[str]) -> dict[tuple[str, str], tuple[_Use, ...]]:
+    pairs: dict[tuple[str, str], list[_Use]] = {}
     for r in table():
-        if not r.where & where:
-            continue
-        for p, c in r.pairs:
-            producers.add(p)
-            pairs.setdefault((p, c), set()).add(r.input)
-    return frozenset(producers), pairs
+        if r.where & where:
+            for pair in r.pairs:
+                pairs.setdefault(pair, []).append((r.name, r.input, pair in r.starts))
+    return {pair: tuple(uses) for pair, uses in pairs.items()}
 
 
-def may_fuse(op_type: str, device: str) -> bool:
-    """Whether some rewrite may take this op's output as its single-consumer intermediate."""
-    return op_type in _index(_applies(device))[0]
+@functools.cache
+def _producers(where: frozenset[str], inside: frozenset[str]) -> frozenset[str]:
+    return frozenset(
+        p
+        for (p, _), uses in _index(where).items()
+        if any(start or name in inside for name, _, start in uses)
+    )
 
 
-def fuses(producer: str, consumer: str, position: int, device: str) -> bool:
-    """Whether ``consumer`` reading ``producer``'s output at input ``position`` is a pattern
-    grappler rewrites when that output has no other consumer."""
-    positions = _index(_applies(device))[1].get((producer, consumer))
-    return bool(positions) and (None in positions or position in positions)
+def may_fuse(op_type: str, device: str, inside: frozenset[str] = frozenset()) -> bool:
+    """Whether some rewrite may take this op's output as its single-consumer intermediate:
+    one it may begin, or one whose pattern it is already part of (``inside``: the rewrites
+    by which its inputs fused into it, see :func:`fuses`)."""
+    return op_type in _producers(_applies(device), inside)
+
+
+def fuses(
+    producer: str,
+    consumer: str,
+    position: int,
+    device: str,
+    inside: frozenset[str] = frozenset(),
+) -> frozenset[str]:
+    """The rewrites in which ``consumer`` reading ``producer``'s output at input ``position``
+    is a pattern grappler rewrites when that output has no other consumer (empty: none).
+    ``inside`` are the rewrites the producer is already part of: a pair that cannot begin
+    its pattern counts only there."""
+    return frozenset(
+        name
+        for name, at, start in _index(_applies(device)).get((producer, consumer), ())
+        if (at is None or at == position) and (start or name in inside)
+    )
