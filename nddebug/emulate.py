@@ -406,7 +406,16 @@ def _head(
     op_name: str | None = None,
     graph: Any = None,
 ) -> Any:
-    """First op callback: replaces the outputs of emulated ops (or raises for guarded ones)."""
+    """First op callback: replaces the outputs of emulated ops (or raises for guarded ones).
+    What it hands on is a list, as the op's own outputs are (see Recorder.callback)."""
+    handed = _outputs_for(op_type, inputs, outputs, op_name, graph)
+    return None if handed is None else list(handed)
+
+
+def _outputs_for(
+    op_type: Any, inputs: Any, outputs: Any, op_name: str | None, graph: Any
+) -> Any:
+    """The emulated op's outputs, or ``outputs`` unchanged."""
     op_type = _as_str(op_type)
     if op_type not in _gpu_culprits():
         return outputs

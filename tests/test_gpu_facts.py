@@ -101,3 +101,35 @@ def test_device_digests_equal_the_host_reference(name: str) -> None:
         with tf.device("/GPU:0"):
             m = tf.identity(tf.constant(matrix))
         assert digest_eager_tensor(m) == digest_numpy(matrix), (name, n, "rank 2")
+
+
+def test_tracing_leaves_gpu_steps_bitwise_unchanged_under_op_determinism() -> None:
+    """Observe without disturbing, on the GPU: with op determinism on (so that a step gives
+    the same bits twice by itself), each transparency workload gives, traced, the bits it
+    gives plain. A workload the plain program cannot run here is reported, not judged."""
+    result = run_python(
+        """
+import json
+import tensorflow as tf
+tf.config.experimental.enable_op_determinism()
+import nddebug
+from tests.test_transparency import WORKLOADS, _bits
+found = {}
+for name, make in sorted(WORKLOADS.items()):
+    try:
+        plain_step, args, plain_state = make()
+        plain = [_bits(plain_step(*args), plain_state) for _ in range(2)]
+    except Exception as exc:
+        found[name] = "plain program fails: " + type(exc).__name__
+        continue
+    step, args, state = make()
+    with nddebug.trace() as rec:
+        traced = [_bits(step(*args), state) for _ in range(2)]
+    after = _bits(step(*args), state) == _bits(plain_step(*args), plain_state)
+    found[name] = "equal" if traced == plain and after and rec.events else "differ"
+print(json.dumps({"gpu": bool(tf.config.list_logical_devices("GPU")), "found": found}))
+"""
+    )
+    assert result["gpu"], result
+    judged = {n: v for n, v in result["found"].items() if not v.startswith("plain program")}
+    assert len(judged) >= 8 and set(judged.values()) == {"equal"}, result["found"]

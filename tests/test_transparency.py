@@ -510,3 +510,26 @@ def test_nddebug_run_on_a_while_loop_gradient(tmp_path: Any) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "reproducible" in proc.stdout and "NOT" not in proc.stdout
     assert not list(tmp_path.glob("*.nddebug"))
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_a_multi_output_op_hands_the_program_a_list_it_can_change(emulate: bool) -> None:
+    """TensorFlow gives op callbacks an op's outputs as a tuple; the program gets a list, and
+    code changes it in place: Keras's cuDNN GRU swaps the gates of ``tf.split``'s result,
+    which raised TypeError under trace() on a GPU. The same swap, on any device."""
+
+    @tf.function
+    def swap(x):
+        parts = tf.split(x, 3)
+        parts[0], parts[1] = parts[1], parts[0]
+        unpacked = tf.unstack(x)
+        unpacked[2] = unpacked[2] * 2.0
+        return tf.concat(parts, 0) + tf.stack(unpacked)
+
+    x = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])
+    plain = tf.function(swap.python_function)(x).numpy()
+    with nddebug.trace(emulate_gpu=emulate) as rec:
+        traced = swap(x).numpy()
+    assert not rec.warnings, rec.warnings
+    assert any(rec.ops[e.op_id].op_type == "Split" for e in rec.events)
+    assert traced.tobytes() == plain.tobytes()

@@ -19,6 +19,16 @@ from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 from nddebug.tracer.steps import StepFolder
 
 
+def _handed_on(outputs: Any) -> Any:
+    """What an op callback that keeps an op's outputs returns: TensorFlow hands the last
+    callback's return value to the program in place of the op's outputs, and passes it to the
+    next callback (None would drop what an earlier one, nddebug.emulate_gpu, put there). TF
+    gives callbacks a tuple, but the op's own outputs are a list, and code mutates them:
+    Keras's cuDNN GRU swaps the gates of ``tf.split``'s result in place, which raised
+    "'tuple' object does not support item assignment" under trace()."""
+    return None if outputs is None else list(outputs)
+
+
 class Recorder:
     """Collects one run; installed as TensorFlow's op callback while active.
 
@@ -210,7 +220,7 @@ class Recorder:
             if graph is None and self._held:
                 self.drain()
                 self.release_call()
-            return outputs
+            return _handed_on(outputs)
         op_type = ops.as_str(op_type)
         with inside_nddebug():
             try:
@@ -230,9 +240,7 @@ class Recorder:
                 self.recording.warnings.append(
                     f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
                 )
-        # Pass the outputs on: TensorFlow hands the last callback's return value to the graph,
-        # and None would drop what an earlier callback (nddebug.emulate_gpu) put there.
-        return outputs
+        return _handed_on(outputs)
 
     # ------------------------------------------------------------------ events
     def append(self, ev: Event, call_device: str | None = None) -> None:
