@@ -70,7 +70,7 @@ _ENUMS: dict[str, tuple[str, ...]] = {
 _REQUIRED_TEXT = ("api", "mechanism", "fixed_in", "fix")
 _REQUIRED = frozenset({"op_types", "sources", *_ENUMS, *_REQUIRED_TEXT})
 _OPTIONAL_TEXT = ("measured", "topic", "condition", "sources_disagree")
-_OPTIONAL = frozenset({*_OPTIONAL_TEXT, "measured_gpu"})
+_OPTIONAL = frozenset({*_OPTIONAL_TEXT, "measured_gpu", "integer_outputs_exact"})
 _TOP_LEVEL = frozenset({"schema_version", "sources", "measurements", "advice", "culprit"})
 #: Fields of a [measurements.NAME] table: the setup a GPU measurement was made on.
 _SETUP_FIELDS = ("device", "tf", "cudnn", "cuda", "method")
@@ -118,6 +118,10 @@ class Culprit:
     condition: str = ""
     #: Where sources (documents, TF's tests, our measurements) disagree, and how.
     sources_disagree: str = ""
+    #: The variation is the order of additions (or products) into the outputs, so an
+    #: execution whose outputs are all integers or booleans is exact in any order: counts of
+    #: an unweighted tf.math.bincount (a ragged reduce_mean's row lengths) do not vary.
+    integer_outputs_exact: bool = False
 
     @property
     def label(self) -> str:
@@ -281,6 +285,9 @@ def _entry(
             f"{where}: unknown source key(s) {unknown_sources}; add them to [sources] first"
         )
 
+    exact = entry.get("integer_outputs_exact", False)
+    if not isinstance(exact, bool):
+        raise ValueError(f"{where}: integer_outputs_exact must be true or false")  # noqa: TRY004
     measured_gpu = None
     if "measured_gpu" in entry:
         measured_gpu = _measured_gpu(entry["measured_gpu"], entry["device"], setups, where)
@@ -301,6 +308,7 @@ def _entry(
         measured_gpu=measured_gpu,
         condition=entry.get("condition", ""),
         sources_disagree=entry.get("sources_disagree", ""),
+        integer_outputs_exact=exact,
     )
 
 

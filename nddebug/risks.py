@@ -42,6 +42,11 @@ class Risk:
         return self.culprit.fix
 
 
+def _all_integer(dtypes: list[str]) -> bool:
+    """Whether every output is an integer or boolean (by dtype name: no TensorFlow here)."""
+    return bool(dtypes) and all(d == "bool" or d.startswith(("int", "uint")) for d in dtypes)
+
+
 def _device(op: Any, env: dict[str, Any]) -> str:
     return env.get("emulated_device") or op.device or ",".join(env.get("devices", []))
 
@@ -75,6 +80,8 @@ def known_risks(
                 culprit = knowledge.lookup(op_type, device)
                 if culprit is None or culprit.kind not in KERNEL_KINDS:
                     continue
+                if culprit.integer_outputs_exact and key == op.key and _all_integer(op.dtypes):
+                    continue  # sums of integers: the same in any order
                 here = knowledge.device_kind(device) or "CPU"
                 on_device = culprit.device in (here, "any")
                 if determinism and culprit.under_determinism not in STILL_RISKY_UNDER_DETERMINISM:

@@ -52,6 +52,32 @@ def test_risk_pass_follows_device_and_op_determinism() -> None:
     assert known_risks([_recording("MatMul", cpu, False)], []) == []
 
 
+def test_integer_sums_of_an_order_culprit_are_no_risk() -> None:
+    """Bincount's CPU race is the order in which float weights are summed: counts (integer
+    outputs, as a ragged reduce_mean's row lengths) are exact in any order; weighted float
+    bins stay a risk. The rule is the knowledge base's (integer_outputs_exact)."""
+    cpu = "/device:CPU:0"
+    counts = _recording("DenseBincount", cpu, False)
+    counts.ops[0].dtypes = ["int32"]
+    assert known_risks([counts], []) == []
+    assert known_risks([_recording("DenseBincount", cpu, False)], [])[0].applies
+    # Not for an op whose integer outputs can still differ: which duplicate update wins.
+    update = _recording("TensorScatterUpdate", "/device:GPU:0", False)
+    update.ops[0].dtypes = ["int32"]
+    assert known_risks([update], [])[0].applies
+
+    @tf.function
+    def lengths(words):
+        tokens = tf.strings.split(words)
+        return tf.reduce_mean(tf.ragged.map_flat_values(tf.strings.length, tokens), axis=1)
+
+    words = tf.constant(["a bb ccc", "dddd", "e ff"] * 50)
+    report = nddebug.check(lengths, words, repeats=2, confirm=0)
+    ran = {op.op_type for op in report.recordings[0].ops.values()}
+    assert "DenseBincount" in ran or "Bincount" in ran, ran
+    assert report.ok and report.risks.empty, str(report)
+
+
 def test_bound_pass() -> None:
     assert rule_out_bound(1) is None
     assert rule_out_bound(6) == pytest.approx(0.393, abs=1e-3)
