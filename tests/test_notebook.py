@@ -79,7 +79,9 @@ def test_notebook_runs_and_finds_the_culprit(tmp_path) -> None:
     assert "NOT reproducible" in magic["text/plain"]
     assert "Source: CropAndResizeGradImage" in magic["text/plain"]
     html = magic["text/html"]
-    assert "<svg" in html and "starts here: CropAndResizeGradImage" in html
+    # The first source is annotated where it starts (the label's wording follows its side).
+    assert "<svg" in html and "starts here" in html
+    assert 'class="first-source"' in html and "CropAndResizeGradImage (source" in html
     assert "detection.py" in magic["text/plain"]  # created-at points into the step's source
 
     table = cells["culprits = _nddebug_report.culprits"]

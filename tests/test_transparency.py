@@ -173,7 +173,32 @@ def _keras_optimizer(optimizer: str) -> Callable[[], Workload]:
     return make
 
 
+def _squeeze_excite_hard_swish() -> Workload:
+    """MobileNetV3's building blocks: hard-swish (x * relu6(x + 3) / 6: the gradient with
+    respect to the constant 6 is computed only if something records it, and its ops are more
+    consumers of the activations) and a squeeze-and-excite block, whose 1x1 convolution's
+    filter gradient has as many elements as its output gradient (16 x 8 = 8 x 16)."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    layers = keras.layers
+    inp = keras.Input((8, 8, 3))
+    x = layers.Conv2D(16, 3, padding="same", use_bias=False)(inp)
+    x = layers.BatchNormalization()(x)
+    x = layers.Activation("hard_swish")(x)
+    s = layers.GlobalAveragePooling2D(keepdims=True)(x)
+    s = layers.ReLU()(layers.Conv2D(8, 1)(s))
+    s = layers.ReLU(6.0)(layers.Conv2D(16, 1)(s) + 3.0) * (1.0 / 6.0)
+    x = layers.Multiply()([x, s])
+    model = keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling2D()(x)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(2)
+    x_in = rng.rand(8, 8, 8, 3).astype("float32")
+    return model.train_on_batch, (x_in, rng.randint(0, 4, 8)), model
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "squeeze_excite_hard_swish": _squeeze_excite_hard_swish,
     "addn_unknown_shape": _addn_unknown_shape,
     "bias_add_update": _bias_add_update,
     "while_loop_gradient": _while_loop_gradient,
@@ -533,3 +558,29 @@ def test_a_multi_output_op_hands_the_program_a_list_it_can_change(emulate: bool)
     assert not rec.warnings, rec.warnings
     assert any(rec.ops[e.op_id].op_type == "Split" for e in rec.events)
     assert traced.tobytes() == plain.tobytes()
+
+
+def test_values_the_program_does_not_need_are_neither_computed_nor_recorded() -> None:
+    """A function runs what its outputs and stateful ops need; TensorFlow prunes the rest
+    before grappler sees it. A record of an unneeded op would make it run, and be one more
+    consumer of what it reads: the record is left out of what the function must run."""
+    v = tf.Variable(tf.linspace(0.5, 1.5, 32))
+
+    @tf.function
+    def step(x):
+        unused = tf.exp(x) * 3.0  # noqa: F841 - nothing reads it
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cos(x * v) / 7.0)  # d/d(7.0) is never needed
+        v.assign_sub(0.1 * tape.gradient(loss, v))
+        return loss
+
+    x = tf.linspace(-1.0, 1.0, 32)
+    with nddebug.trace() as rec:
+        step(x)
+        step(x)
+    units = [rec.ops[e.op_id] for e in rec.events]
+    ran = [t for op in units for t in [op.op_type, *op.fused.values()]]
+    assert "Cos" in ran and "AssignSubVariableOp" in ran, ran
+    assert "Exp" not in ran, ran
+    report = nddebug.check(step, x, state=[v], repeats=2)
+    assert report.ok, str(report)

@@ -14,7 +14,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
-from nddebug.tracer import ops, rerun, rewrites, transport
+from nddebug.tracer import ops, rerun, rewrites, transport, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
@@ -254,6 +254,7 @@ def hook_graph_ends() -> None:
         if REGISTRY.graph_digests.get(graph):
             with inside_nddebug():
                 finish_graph(graph)
+                unneeded.cut_unneeded_records(graph)
 
     @functools.wraps(original)
     def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
@@ -415,7 +416,11 @@ _NEVER_FORWARDED = frozenset({"Placeholder", "Const"})
 #: on those): an edge from another input's digest would be one more control input, and a
 #: BiasAdd with one is not fused with its contraction (FindContractionWithBias).
 _REUSES_ONLY = {"BiasAdd": (0,), "BiasAddV1": (0,)}
-#: Contractions: their kernels always allocate a new output.
+#: Contractions, their gradients and the bias gradient: their kernels always allocate a new
+#: output (an input can have the output's number of elements all the same: a 1x1
+#: convolution's filter gradient, [8, 1, 1, 16] -> [1, 1, 8, 16], in a squeeze-and-excite
+#: block). A control edge into Conv2DBackpropFilter or BiasAddGrad keeps oneDNN from merging
+#: the two into one kernel, which sums the bias gradient in another order.
 _NEVER_REUSES_AN_INPUT = frozenset(
     {
         "Conv2D",
@@ -426,6 +431,13 @@ _NEVER_REUSES_AN_INPUT = frozenset(
         "BatchMatMulV2",
         "BatchMatMulV3",
         "Einsum",
+        "Conv2DBackpropFilter",
+        "Conv2DBackpropInput",
+        "Conv3DBackpropFilterV2",
+        "Conv3DBackpropInputV2",
+        "DepthwiseConv2dNativeBackpropFilter",
+        "DepthwiseConv2dNativeBackpropInput",
+        "BiasAddGrad",
     }
 )
 

@@ -1,0 +1,116 @@
+"""Records of values the program does not need are not run.
+
+TensorFlow runs of a function only what its outputs and control outputs need: an op whose
+value nothing needs (the gradient with respect to a constant divisor, the input image's
+gradient, a forward value only a pruned branch reads) is pruned before grappler optimizes
+the function. nddebug's records are stateful, so a function runs every one of them, and with
+them the unneeded ops they read. That costs time, and it changes the program: an op that
+the plain program prunes is one more consumer of its inputs in the traced one, and grappler
+rewrites some patterns only where an intermediate has a single consumer (see
+``data/rewrites.toml``). MobileNetV3's hard-swish gradients computed other bits that way.
+
+So when a function graph is complete, the records whose recorded op the program does not
+need are taken out of what the function must run; TensorFlow then prunes them with the op.
+A record needed again later (while_v2 and cond_v2 gradients add outputs to a body graph
+after it was built) is put back the next time the graph is completed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from nddebug.tracer.registry import REGISTRY
+
+#: An op nddebug made: its type, or a "nddebug" name scope in its name.
+_OURS_SCOPE = re.compile(r"(?:^|/)nddebug(?:_\d+)?/")
+#: Per-graph cache entry: the records taken out of the graph's control outputs.
+_CUT = "<records cut>"
+
+
+def ours(op: Any) -> bool:
+    """Whether nddebug made this op (digests, records, the trace switch's read)."""
+    return op.type.startswith("Nddebug") or bool(_OURS_SCOPE.search(op.name))
+
+
+def needed(graph: Any) -> set[Any]:
+    """The ops the program needs: what its outputs and its own control outputs (stateful
+    ops) read, through data and control edges. nddebug's ops are needed only where a
+    program op reads them (a private Snapshot of an input in rerun mode)."""
+    roots = [t.op for t in graph.outputs]
+    roots += [op for op in graph.control_outputs if not ours(op)]
+    seen: set[Any] = set()
+    stack = list(roots)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(c for c in op.control_inputs if not ours(c))
+    return seen
+
+
+def _reads_unneeded(graph_ops: list[Any], use: set[Any]) -> set[Any]:
+    """nddebug's ops that read, directly or through other nddebug ops, an op not in ``use``.
+    Data edges only: a control edge orders, it reads nothing (rerun mode's copies of an op
+    wait for it, emulate_gpu's op included, whose outputs the program no longer reads).
+    Iterative: chains of records are as deep as the graph."""
+    state: dict[Any, bool] = {}
+    for root in graph_ops:
+        if root in state or not ours(root):
+            continue
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op in state:
+                continue
+            reads = [t.op for t in op.inputs]
+            pending = [x for x in reads if x not in use and ours(x) and x not in state]
+            if pending and not expanded:
+                stack.append((op, True))
+                stack.extend((x, False) for x in pending)
+                continue
+            state[op] = any(
+                x not in use and (not ours(x) or state.get(x, False)) for x in reads
+            )
+    return {op for op, bad in state.items() if bad}
+
+
+def cut_unneeded_records(graph: Any) -> None:
+    """Take nddebug's ops that read an unneeded op out of what ``graph`` must run (its
+    control outputs and other ops' control inputs), and put back those cut earlier that are
+    needed now. A record waiting for a cut one (a variable's rows in order) waits for what
+    that one waited for."""
+    control = getattr(graph, "control_outputs", None)
+    if control is None or not hasattr(graph, "outputs"):
+        return
+    graph_ops = graph.get_operations()
+    dead = _reads_unneeded(graph_ops, needed(graph))
+    cache = REGISTRY.graph_cache(graph)
+    cut: list[Any] = cache.setdefault(_CUT, [])
+    for op in cut:
+        if op not in dead and op not in control:
+            control.append(op)  # needed again (a gradient made its op an output)
+    cut[:] = [op for op in cut if op in dead]
+    dead_run = [op for op in control if op in dead]
+    if not dead_run and not any(c in dead for op in graph_ops for c in op.control_inputs):
+        return
+    cut.extend(op for op in dead_run if op not in cut)
+    control[:] = [op for op in control if op not in dead]
+
+    def instead(op: Any) -> list[Any]:
+        """What waiting for ``op`` comes to once it is cut."""
+        if op not in dead:
+            return [op]
+        return [x for c in op.control_inputs for x in instead(c)]
+
+    for op in graph_ops:
+        inputs = op.control_inputs
+        if op in dead or not any(c in dead for c in inputs):
+            continue
+        keep: list[Any] = []
+        for c in inputs:
+            keep.extend(x for x in instead(c) if x not in keep)
+        op._remove_all_control_inputs()
+        op._add_control_inputs(keep)
