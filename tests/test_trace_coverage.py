@@ -112,6 +112,39 @@ def test_an_xla_function_is_not_broken_and_is_reported() -> None:
     assert report.ok and "Tanh" in recorded, recorded
 
 
+def test_the_gradient_of_an_xla_function_is_not_instrumented() -> None:
+    """TensorFlow builds the backward graph of an XLA function's call outside the function's
+    XLA context and compiles it with XLA too: nddebug's ops in it made the step fail to
+    compile (Keras 3's ConvNeXt, whose grouped convolutions are jit-compiled). It is left
+    alone, as the function is, and the step computes the plain bits."""
+
+    def make():
+        v = tf.Variable(tf.linspace(0.5, 1.5, 8))
+
+        @tf.function(jit_compile=True)
+        def f(x):
+            return tf.sin(x) * x
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                y = tf.reduce_sum(f(v * 2.0))
+            v.assign_sub(0.1 * tape.gradient(y, v))
+            return y
+
+        return step, v
+
+    step, v = make()
+    step()
+    plain = v.numpy().tobytes()
+    step, v = make()
+    with nddebug.trace() as rec:
+        step()
+    assert v.numpy().tobytes() == plain
+    assert any("XLA" in w for w in rec.warnings), rec.warnings
+    assert any(rec.ops[e.op_id].op_type == "AssignSubVariableOp" for e in rec.events)
+
+
 def test_plain_assignments_record_the_written_value_eagerly_and_in_graphs() -> None:
     v = tf.Variable(tf.zeros([3, 4]))
     new = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])

@@ -18,14 +18,41 @@ from nddebug.tracer import ops, rerun, rewrites, transport, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
+#: TensorFlow's name for the backward graph of a function call: "__backward_<forward>_<uid>".
+_BACKWARD = "__backward_"
+
 
 def in_xla(graph: Any) -> bool:
+    """Whether XLA compiles this graph: traced in an XLA context (jit_compile=True, or a graph
+    nested in one), or the backward graph of such a function's call, which the gradient code
+    builds outside that context and TensorFlow compiles with it (_XlaMustCompile). nddebug's
+    ops cannot be compiled by XLA: instrumenting one crashes the step."""
     from tensorflow.python.ops import control_flow_util
 
-    try:
-        return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
-    except Exception:  # noqa: BLE001 - an unknown graph type is not XLA
-        return False
+    cache = REGISTRY.graph_cache(graph)
+    if "<xla>" not in cache:
+        try:
+            found = bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+        except Exception:  # noqa: BLE001 - an unknown graph type is not XLA
+            found = False
+        name = ops.as_str(getattr(graph, "name", "") or "")
+        if not found and name.startswith(_BACKWARD):
+            forward = name[len(_BACKWARD) :].rpartition("_")[0]
+            found = forward in REGISTRY.xla_graph_names
+        g = getattr(graph, "outer_graph", None)
+        found = found or (g is not None and hasattr(g, "outer_graph") and in_xla(g))
+        if found and name:
+            REGISTRY.xla_graph_names.add(name)
+        cache["<xla>"] = found
+    return cache["<xla>"]
+
+
+def note_function(graph: Any, attrs: Any) -> None:
+    """A graph becomes a function: remember it if XLA compiles it, so that its backward graph
+    is left alone too (see :func:`in_xla`)."""
+    must = (attrs or {}).get("_XlaMustCompile") if isinstance(attrs, dict) else None
+    if getattr(must, "b", must) is True or in_xla(graph):
+        REGISTRY.xla_graph_names.add(ops.as_str(getattr(graph, "name", "") or ""))
 
 
 def is_v1_graph(graph: Any) -> bool:
@@ -273,6 +300,8 @@ def hook_graph_ends() -> None:
 
     @functools.wraps(make_function)
     def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
+        with inside_nddebug():
+            note_function(graph, args[0] if args else kwargs.get("attrs"))
         finish(graph)
         return make_function(name, graph, *args, **kwargs)
 

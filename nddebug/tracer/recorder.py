@@ -372,5 +372,6 @@ def xla_warning(functions: set[str]) -> str:
     names = sorted({ops.function_name(n) for n in functions})
     nested = sum(len(REGISTRY.xla_nested.get(n, ())) for n in names)
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    inner = f" ({nested} of them branches or loop bodies inside the others)" if nested else ""
+    inner = f" ({nested} of them branches, loop bodies or gradients of the others)"
+    inner = inner if nested else ""
     return f"{len(names) + nested} XLA-compiled function(s){inner}: {shown}. {XLA_NOTE}"

@@ -24,6 +24,9 @@ class OpRegistry:
         self._ids = itertools.count()
         self.instrumented_functions: set[str] = set()
         self.xla_graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # seen, not instrumented
+        # Names of graphs compiled by XLA (traced in an XLA context, or made into a function
+        # with _XlaMustCompile): their backward graphs, "__backward_<name>_<uid>", are too.
+        self.xla_graph_names: set[str] = set()
         self.xla_functions: set[str] = set()  # concrete functions made of an XLA graph
         # Python name of an XLA-compiled function -> its branch and loop-body graphs.
         self.xla_nested: dict[str, set[str]] = {}
