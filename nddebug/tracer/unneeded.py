@@ -93,10 +93,9 @@ def cut_unneeded_records(graph: Any) -> None:
         if op not in dead and op not in control:
             control.append(op)  # needed again (a gradient made its op an output)
     cut[:] = [op for op in cut if op in dead]
-    dead_run = [op for op in control if op in dead]
-    if not dead_run and not any(c in dead for op in graph_ops for c in op.control_inputs):
+    if not dead:
         return
-    cut.extend(op for op in dead_run if op not in cut)
+    cut.extend(op for op in control if op in dead and op not in cut)
     control[:] = [op for op in control if op not in dead]
 
     def instead(op: Any) -> list[Any]:
