@@ -6,8 +6,9 @@ the traced run (did tracing change what the step computes?), and whether tracing
 
     .venv/bin/python benchmarks/bench_transparency_apps.py [Model:size ...]
 
-Writes ``benchmarks/results/transparency_apps.json``. Several minutes per large model on 2
-cores; pass model names to run a few.
+Writes ``benchmarks/results/transparency_apps.json`` (a run of some models replaces their rows
+and keeps the others' measured with the same TensorFlow and oneDNN setting). Several minutes
+per large model on 2 cores; pass model names to run a few.
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ def main() -> None:
     from nddebug.environment import onednn_enabled
 
     out = {"tensorflow": tf.__version__, "onednn": onednn_enabled(), "rows": rows}
+    try:
+        with open(RESULTS, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        old = {}
+    if {k: old.get(k) for k in ("tensorflow", "onednn")} == {
+        k: out[k] for k in ("tensorflow", "onednn")
+    }:
+        # A run of a few models replaces their rows and keeps the others' (same TF, oneDNN).
+        measured = {(r["model"], r["input"]) for r in rows}
+        kept = [r for r in old.get("rows", []) if (r["model"], r["input"]) not in measured]
+        out["rows"] = kept + rows
     with open(RESULTS, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
 

@@ -7,7 +7,8 @@ Each workload is built twice from the same seed: once plain, once traced. Their 
 is called again outside trace() and must still give the plain bits. The workloads cover ops
 that may forward a buffer in place (AddN, Add, Relu, BiasAdd, variable updates), shapes not
 known when the graph is built, control flow and its gradients (while loops, nested conds,
-scan, map_fn), recompute_grad and custom gradients, and Keras RNNs.
+scan, map_fn), recompute_grad and custom gradients, Keras RNNs, and building blocks of
+keras.applications models (hard-swish, swish, squeeze-and-excite).
 """
 
 from __future__ import annotations
@@ -197,8 +198,34 @@ def _squeeze_excite_hard_swish() -> Workload:
     return model.train_on_batch, (x_in, rng.randint(0, 4, 8)), model
 
 
+def _swish_depthwise_block() -> Workload:
+    """EfficientNet's building block: convolutions, BatchNorm and swish (x * sigmoid(x)),
+    with a sigmoid-gated squeeze-and-excite. With oneDNN on, grappler fuses each
+    Mul(x, Sigmoid(x)) into one _MklSwish kernel, which rounds otherwise; a control input
+    into the Sigmoid keeps it from doing so."""
+    import keras
+
+    keras.utils.set_random_seed(9)
+    layers = keras.layers
+    inp = keras.Input((8, 8, 3))
+    x = layers.Conv2D(8, 3, padding="same", use_bias=False)(inp)
+    x = layers.Activation("swish")(layers.BatchNormalization()(x))
+    x = layers.DepthwiseConv2D(3, padding="same", use_bias=False)(x)
+    x = layers.Activation("swish")(layers.BatchNormalization()(x))
+    s = layers.GlobalAveragePooling2D(keepdims=True)(x)
+    s = layers.Conv2D(4, 1, activation="swish")(s)
+    s = layers.Conv2D(8, 1, activation="sigmoid")(s)
+    x = layers.Multiply()([x, s])
+    model = keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling2D()(x)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(3)
+    x_in = rng.rand(8, 8, 8, 3).astype("float32")
+    return model.train_on_batch, (x_in, rng.randint(0, 4, 8)), model
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "squeeze_excite_hard_swish": _squeeze_excite_hard_swish,
+    "swish_depthwise_block": _swish_depthwise_block,
     "addn_unknown_shape": _addn_unknown_shape,
     "bias_add_update": _bias_add_update,
     "while_loop_gradient": _while_loop_gradient,

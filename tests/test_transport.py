@@ -21,7 +21,7 @@ N_OPS = 60
 def _chain():
     """A fresh tf.function of N_OPS dependent multiplies (and a loop of 5 iterations). Each
     product is read by a Tanh: a product read only by another product or a sum is not
-    digested (grappler may merge the chain; see nddebug.tracer.instrument.ARITHMETIC)."""
+    digested (grappler may merge the chain; see data/rewrites.toml)."""
 
     @tf.function
     def chain(x):

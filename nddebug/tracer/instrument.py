@@ -103,9 +103,10 @@ def graph_key(graph: Any) -> str:
     return cache["<key>"]
 
 
-#: Element-wise arithmetic: computes the same bits whether or not it reuses an input's
-#: buffer (see :func:`digests_first`).
-ARITHMETIC = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv"})
+#: Kernels that compute other bits when they take over an input's buffer than when they do
+#: not (oneDNN's AddN sums in another order in place): they keep the ordering edge of
+#: :func:`digests_first` even where grappler could rewrite them.
+BITS_DEPEND_ON_FORWARDING = frozenset({"AddN"})
 
 
 class Deferred:
@@ -471,19 +472,22 @@ _NEVER_REUSES_AN_INPUT = frozenset(
 )
 
 
-def digests_first(op: Any, inputs: Any, digests: list[Any]) -> None:
+def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = False) -> None:
     """Run the digest of an op's input before the op wherever the op could reuse that input's
     buffer for an output (same dtype and number of elements, or a shape not known when the
     graph is built). Whether a kernel forwards a buffer in place depends on whether anything
     else still holds it when the kernel starts; a digest that may still be reading it makes
     that choice timing-dependent, and some kernels (oneDNN's AddN) then compute other bits.
     Done first, the digest has let go of the tensor, so the op makes the choice it makes
-    without nddebug. Other ops keep their schedule."""
-    if op.type in ARITHMETIC and op.type != "AddN":
-        # An element-wise Add, Sub, Mul or Div computes the same bits in place or not, and a
-        # digest that still holds the input keeps it from being taken over while it reads.
-        # A control edge into it would keep grappler from rewriting its chain (constants
-        # pushed down a product chain), as the plain program does.
+    without nddebug. Other ops keep their schedule.
+
+    ``rewritable``: grappler may rewrite the op together with its consumer
+    (``data/rewrites.toml``). It then gets no edge unless its bits depend on forwarding: a
+    control input keeps grappler from removing the op into a fused one (Sigmoid into
+    oneDNN's _MklSwish, constants pushed down a product chain), and the kernel computes the
+    same bits in place or not (a digest that still holds the input only keeps the buffer
+    from being taken over while it reads)."""
+    if rewritable and op.type not in BITS_DEPEND_ON_FORWARDING:
         return
     if op.type in _NEVER_REUSES_AN_INPUT:
         # No buffer to take over; and a control edge into a contraction stops grappler's
@@ -626,12 +630,13 @@ def instrument_op(
             in_digests, per_input, fused_with, inside = _input_digests(
                 graph, "" if v1 else op_type, inputs, op.device or ""
             )
+        rewritable = rewrites.may_fuse(op_type, op.device or "", inside)
         if not v1:  # a TF1 op may have run already: it must not change
-            digests_first(op, inputs, per_input)
+            digests_first(op, inputs, per_input, rewritable)
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         defer = (
             not v1
-            and rewrites.may_fuse(op_type, op.device or "", inside)
+            and rewritable
             and len(out_tensors) == 1
             and not (rec.capture and base in rec.capture)
             and not note
