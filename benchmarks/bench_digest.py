@@ -14,9 +14,10 @@ Methods, all on the same bytes:
 
 - ``native op``: the C++ op the tracer adds on the CPU (``NddebugDigest``, what
   ``NddebugDigestRecord`` runs per output) in a ``tf.function``, sharded over TF's intra-op
-  threads, with the widest loop the CPU runs (AVX2 where it has it).
+  threads, with the widest loop the CPU runs (AVX-512 or AVX2 where it has them).
 - ``native op, portable loop``: the same op with the one-word-at-a-time loop
-  (``Native.set_simd(False)``), to show what the SIMD loop buys.
+  (``Native.set_loop("portable")``), to show what the SIMD loop buys; ``native op, AVX2
+  loop`` on a CPU with AVX-512: the loop an AVX2-only CPU runs.
 - ``native, 1 thread``: the same C++ code on the host array through ctypes, on one thread
   (the eager path's digest of host tensors).
 - ``plain read: numpy max``: ``host.max()``, one vectorised read pass on one thread.
@@ -126,15 +127,21 @@ def bench_size(n: int, rounds: int, reps: int) -> dict:
         if tuple(int(v) for v in native_op(x).numpy()[0]) != ref:
             raise SystemExit("native op digest mismatch")
 
-        def portable_loop() -> None:
-            lib.set_simd(False)
-            try:
-                native_op(x).numpy()
-            finally:
-                lib.set_simd(True)
+        def with_loop(loop: str):
+            def run() -> None:
+                lib.set_loop(loop)
+                try:
+                    native_op(x).numpy()
+                finally:
+                    lib.set_simd(True)
+
+            return run
 
         methods["native op"] = lambda: native_op(x).numpy()
-        methods["native op, portable loop"] = portable_loop
+        methods["native op, portable loop"] = with_loop("portable")
+        if lib.set_loop("avx512") and lib.set_loop("avx2"):
+            methods["native op, AVX2 loop"] = with_loop("avx2")  # what AVX2-only CPUs run
+        lib.set_simd(True)
         methods["native, 1 thread"] = lambda: lib.digest_array(host)
     methods.update(
         {

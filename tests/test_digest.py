@@ -615,19 +615,23 @@ def _extreme_words(n: int, seed: int) -> np.ndarray:
     "nbytes", [0, 1, 7, 8, 31, 32, 33, 8 * BLOCK - 3, 8 * BLOCK, 8 * BLOCK + 24, 24 * BLOCK + 13]
 )
 def test_native_simd_and_portable_loops_give_the_reference_digest(nbytes):
-    """The AVX2 loop (chosen at run time where the CPU has it) and the portable loop give
-    digest_numpy's value on the same bytes, odd lengths and extreme words included."""
+    """Every digest loop this CPU runs (portable, AVX2, AVX-512, each chosen at run time where
+    the CPU has it) gives digest_numpy's value on the same bytes, odd lengths and extreme
+    words included; and a loop runs wherever the CPU reports its instructions."""
     lib = _native()
     data = _extreme_words(nbytes // 8 + 1, nbytes).tobytes()[:nbytes]
     ref = digest_numpy(np.frombuffer(data, np.uint8))
+    ran = {}
     try:
-        assert lib.set_simd(False) is False
-        portable = lib.digest_bytes(data)
-        simd_used = lib.set_simd(True)
-        simd = lib.digest_bytes(data)
+        for loop in lib.LOOPS:
+            ran[loop] = lib.set_loop(loop)
+            if ran[loop]:
+                assert lib.digest_bytes(data) == ref, loop
     finally:
         lib.set_simd(True)
-    assert portable == simd == ref
-    has_avx2 = "avx2" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else None
-    if has_avx2 is not None and platform.machine() == "x86_64":
-        assert simd_used == has_avx2  # the SIMD loop really ran where the CPU has it
+    assert ran["portable"]
+    assert lib.digest_bytes(data) == ref
+    if os.path.exists("/proc/cpuinfo") and platform.machine() == "x86_64":
+        flags = set(open("/proc/cpuinfo").read().split())
+        assert ran["avx2"] == ("avx2" in flags)  # the SIMD loops really ran where they can
+        assert ran["avx512"] == ({"avx512f", "avx512dq"} <= flags)

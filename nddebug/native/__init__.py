@@ -133,10 +133,21 @@ class Native:
         return bool(self.clib.nddebug_is_active())
 
     def set_simd(self, on: bool) -> bool:
-        """Digest with the widest loop this CPU runs (``True``, the default: AVX2 on x86-64
-        CPUs that have it) or the portable one; both give the same digest. Returns whether a
-        SIMD loop is now in use. For tests and benchmarks that compare the two."""
+        """Digest with the widest loop this CPU runs (``True``, the default: AVX-512 or AVX2
+        on x86-64 CPUs that have them) or the portable one; all give the same digest.
+        Returns whether a SIMD loop is now in use. For tests and benchmarks that compare
+        them."""
         return bool(self.clib.nddebug_set_simd(1 if on else 0))
+
+    #: The digest loops by name, as :meth:`set_loop` takes them.
+    LOOPS = ("portable", "avx2", "avx512")
+
+    def set_loop(self, name: str) -> bool:
+        """Digest with one named loop of :attr:`LOOPS`. Returns False, and changes nothing,
+        where this CPU does not run it. ``set_simd(True)`` goes back to the widest."""
+        if name not in self.LOOPS:
+            raise ValueError(f"unknown digest loop {name!r}; expected one of {self.LOOPS}")
+        return bool(self.clib.nddebug_set_loop(self.LOOPS.index(name)))
 
     def drain(self) -> list[int]:
         """Every row appended since the last drain, flat, in arrival order."""
@@ -318,6 +329,8 @@ def _open(path: Path) -> Native:
     clib.nddebug_set_active.argtypes = [ctypes.c_int]
     clib.nddebug_set_simd.argtypes = [ctypes.c_int]
     clib.nddebug_set_simd.restype = ctypes.c_int
+    clib.nddebug_set_loop.argtypes = [ctypes.c_int]
+    clib.nddebug_set_loop.restype = ctypes.c_int
     clib.nddebug_digest_bytes.argtypes = [
         ctypes.c_char_p,
         ctypes.c_int64,

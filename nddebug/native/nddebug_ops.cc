@@ -95,6 +95,11 @@ void block_sums_scalar(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NDDEBUG_HAVE_AVX2 1
+// The SIMD loops prefetch the data this many bytes ahead (a prefetch past the buffer's end
+// does not fault): without it their loads wait on memory. It took an 18.9 MB tensor from
+// ~12 to ~17 GB/s on one core of an AVX-512 EPYC, where a plain read runs at ~40.
+constexpr int64_t kPrefetch = 4096;
+
 // The same sums four words at a time with AVX2, which has no 64-bit multiply: with
 // u = uh*2^32 + ul and w = wh*2^32 + wl, u*w = ul*wl + 2^32*(uh*wl + ul*wh) mod 2^64, and the
 // cross terms are summed first and shifted once (multiplying by 2^32 distributes over the
@@ -108,6 +113,7 @@ __attribute__((target("avx2"))) void block_sums_avx2(const char* p, int64_t n, u
   __m256i acc_lo = zero, acc_lo_x = zero, acc_hi = zero, acc_hi_x = zero;
   const int64_t vec = n & ~int64_t{3};
   for (int64_t k = 0; k < vec; k += 4) {
+    if ((k & 7) == 0) _mm_prefetch(p + 8 * k + kPrefetch, _MM_HINT_T0);  // one per line
     const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8 * k));
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&t.w[0][k]));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&t.w[1][k]));
@@ -136,17 +142,66 @@ __attribute__((target("avx2"))) void block_sums_avx2(const char* p, int64_t n, u
   *lo = a;
   *hi = b;
 }
+
+// The same sums eight words at a time with AVX-512: AVX512DQ multiplies 64-bit lanes
+// (vpmullq, the low 64 bits of the product, which is all a sum mod 2^64 keeps) and AVX512F
+// shifts them arithmetically, so each word costs two multiplies, as in the portable loop.
+// Two accumulator pairs hide the multiply's latency; the data is prefetched (kPrefetch).
+
+__attribute__((target("avx512f,avx512dq"))) void block_sums_avx512(const char* p, int64_t n,
+                                                                  uint64_t* lo, uint64_t* hi) {
+  const Weights& t = weights();
+  __m512i lo0 = _mm512_setzero_si512(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+  const int64_t vec = n & ~int64_t{15};
+  for (int64_t k = 0; k < vec; k += 16) {
+    _mm_prefetch(p + 8 * k + kPrefetch, _MM_HINT_T0);
+    _mm_prefetch(p + 8 * k + kPrefetch + 64, _MM_HINT_T0);
+    const __m512i u0 = _mm512_loadu_si512(p + 8 * k);
+    const __m512i u1 = _mm512_loadu_si512(p + 8 * k + 64);
+    lo0 = _mm512_add_epi64(lo0, _mm512_mullo_epi64(u0, _mm512_loadu_si512(&t.w[0][k])));
+    lo1 = _mm512_add_epi64(lo1, _mm512_mullo_epi64(u1, _mm512_loadu_si512(&t.w[0][k + 8])));
+    hi0 = _mm512_add_epi64(
+        hi0, _mm512_mullo_epi64(_mm512_srai_epi64(u0, 32), _mm512_loadu_si512(&t.w[1][k])));
+    hi1 = _mm512_add_epi64(
+        hi1, _mm512_mullo_epi64(_mm512_srai_epi64(u1, 32), _mm512_loadu_si512(&t.w[1][k + 8])));
+  }
+  uint64_t a = static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(lo0, lo1)));
+  uint64_t b = static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(hi0, hi1)));
+  for (int64_t k = vec; k < n; ++k) {
+    uint64_t u;
+    std::memcpy(&u, p + 8 * k, 8);
+    a += u * t.w[0][k];
+    b += sar(u, 32) * t.w[1][k];
+  }
+  *lo = a;
+  *hi = b;
+}
 #endif
 
 using BlockSums = void (*)(const char*, int64_t, uint64_t*, uint64_t*);
 
-// The widest loop this CPU runs, chosen once per process (the library is compiled for any
-// x86-64, so the AVX2 loop is only called where the CPU reports AVX2).
-BlockSums best_block_sums() {
+// The loops this CPU runs: kLoopPortable always, kLoopAvx2 and kLoopAvx512 where it reports
+// them (the library is compiled for any x86-64, so a SIMD loop is only called where the CPU,
+// and the OS's saved register state, support it).
+constexpr int kLoopPortable = 0, kLoopAvx2 = 1, kLoopAvx512 = 2;
+
+BlockSums loop_if_supported(int loop) {
 #ifdef NDDEBUG_HAVE_AVX2
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) return block_sums_avx2;
+  if (loop == kLoopAvx512 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512dq")) {
+    return block_sums_avx512;
+  }
+  if (loop == kLoopAvx2 && __builtin_cpu_supports("avx2")) return block_sums_avx2;
 #endif
+  return loop == kLoopPortable ? block_sums_scalar : nullptr;
+}
+
+// The widest loop this CPU runs, chosen once per process.
+BlockSums best_block_sums() {
+  for (int loop : {kLoopAvx512, kLoopAvx2}) {
+    if (BlockSums f = loop_if_supported(loop)) return f;
+  }
   return block_sums_scalar;
 }
 
@@ -444,6 +499,15 @@ __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** dat
 __attribute__((visibility("default"))) int nddebug_set_simd(int on) {
   g_block_sums.store(on ? best_block_sums() : block_sums_scalar);
   return g_block_sums.load() != block_sums_scalar ? 1 : 0;
+}
+
+// Digest with one named loop: 0 portable, 1 AVX2, 2 AVX-512. Returns 1 when that loop is
+// now in use, 0 (and the loop unchanged) where this CPU does not run it.
+__attribute__((visibility("default"))) int nddebug_set_loop(int loop) {
+  BlockSums f = loop_if_supported(loop);
+  if (f == nullptr) return 0;
+  g_block_sums.store(f);
+  return 1;
 }
 
 // The PTX of nddebug_digest.cu, given by the Python side before a GPU op runs.
