@@ -93,13 +93,10 @@ def rows(flat: list[int]) -> Iterator[tuple[int, list[dg.Digest], list[dg.Digest
     while i < n:
         op_id, n_out, n_in = flat[i], flat[i + 1], flat[i + 2]
         i += 3
-        j = i + 2 * n_out
-        end = j + 2 * n_in
-        yield (
-            op_id,
-            list(zip(flat[i:j:2], flat[i + 1 : j : 2], strict=True)),
-            list(zip(flat[j:end:2], flat[j + 1 : end : 2], strict=True)),
-        )
+        end = i + 2 * (n_out + n_in)
+        words = iter(flat[i:end])
+        pairs = list(zip(words, words))  # consecutive words, two at a time
+        yield op_id, pairs[:n_out], pairs[n_out:]
         i = end
 
 
