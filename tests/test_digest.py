@@ -635,3 +635,8 @@ def test_native_simd_and_portable_loops_give_the_reference_digest(nbytes):
         flags = set(open("/proc/cpuinfo").read().split())
         assert ran["avx2"] == ("avx2" in flags)  # the SIMD loops really ran where they can
         assert ran["avx512"] == ({"avx512f", "avx512dq"} <= flags)
+        # The default: AVX-512 only where it runs well (IFMA marks Ice Lake and Zen 4 on).
+        widest = "avx2" if "avx2" in flags else "portable"
+        if {"avx512f", "avx512dq", "avx512ifma"} <= flags:
+            widest = "avx512"
+        assert lib.loop() == widest

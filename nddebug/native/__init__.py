@@ -133,14 +133,19 @@ class Native:
         return bool(self.clib.nddebug_is_active())
 
     def set_simd(self, on: bool) -> bool:
-        """Digest with the widest loop this CPU runs (``True``, the default: AVX-512 or AVX2
-        on x86-64 CPUs that have them) or the portable one; all give the same digest.
+        """Digest with the widest loop this CPU runs well (``True``, the default: AVX-512 on
+        x86-64 CPUs with AVX-512 F, DQ and IFMA, else AVX2 where the CPU has it) or the
+        portable one; all give the same digest.
         Returns whether a SIMD loop is now in use. For tests and benchmarks that compare
         them."""
         return bool(self.clib.nddebug_set_simd(1 if on else 0))
 
     #: The digest loops by name, as :meth:`set_loop` takes them.
     LOOPS = ("portable", "avx2", "avx512")
+
+    def loop(self) -> str:
+        """The name of the loop that digests now (see :attr:`LOOPS`)."""
+        return self.LOOPS[self.clib.nddebug_loop()]
 
     def set_loop(self, name: str) -> bool:
         """Digest with one named loop of :attr:`LOOPS`. Returns False, and changes nothing,
@@ -331,6 +336,7 @@ def _open(path: Path) -> Native:
     clib.nddebug_set_simd.restype = ctypes.c_int
     clib.nddebug_set_loop.argtypes = [ctypes.c_int]
     clib.nddebug_set_loop.restype = ctypes.c_int
+    clib.nddebug_loop.restype = ctypes.c_int
     clib.nddebug_digest_bytes.argtypes = [
         ctypes.c_char_p,
         ctypes.c_int64,

@@ -197,11 +197,17 @@ BlockSums loop_if_supported(int loop) {
   return loop == kLoopPortable ? block_sums_scalar : nullptr;
 }
 
-// The widest loop this CPU runs, chosen once per process.
+// The widest loop this CPU runs well, chosen once per process. AVX-512 only where the CPU
+// also has AVX512-IFMA (Ice Lake, Zen 4 and later): on Skylake-SP and Cascade Lake, vpmullq
+// is three uops and 512-bit multiplies lower the core's clock for the ops around them.
 BlockSums best_block_sums() {
-  for (int loop : {kLoopAvx512, kLoopAvx2}) {
-    if (BlockSums f = loop_if_supported(loop)) return f;
+#ifdef NDDEBUG_HAVE_AVX2
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512ifma")) {
+    if (BlockSums f = loop_if_supported(kLoopAvx512)) return f;
   }
+#endif
+  if (BlockSums f = loop_if_supported(kLoopAvx2)) return f;
   return block_sums_scalar;
 }
 
@@ -499,6 +505,16 @@ __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** dat
 __attribute__((visibility("default"))) int nddebug_set_simd(int on) {
   g_block_sums.store(on ? best_block_sums() : block_sums_scalar);
   return g_block_sums.load() != block_sums_scalar ? 1 : 0;
+}
+
+// The loop in use: 0 portable, 1 AVX2, 2 AVX-512.
+__attribute__((visibility("default"))) int nddebug_loop() {
+  const BlockSums f = g_block_sums.load();
+#ifdef NDDEBUG_HAVE_AVX2
+  if (f == block_sums_avx512) return kLoopAvx512;
+  if (f == block_sums_avx2) return kLoopAvx2;
+#endif
+  return f == block_sums_scalar ? kLoopPortable : -1;
 }
 
 // Digest with one named loop: 0 portable, 1 AVX2, 2 AVX-512. Returns 1 when that loop is
