@@ -611,3 +611,33 @@ def test_values_the_program_does_not_need_are_neither_computed_nor_recorded() ->
     assert "Exp" not in ran, ran
     report = nddebug.check(step, x, state=[v], repeats=2)
     assert report.ok, str(report)
+
+
+def test_sums_grappler_accumulates_are_named_next_to_the_verdict() -> None:
+    """Grappler's memory optimizer rewrites an AddN of more than two tensors into locked
+    AssignAdds (added in arrival order) where its static peak-memory estimate nears the
+    device's, and which sums it picks depends on the whole graph, which nddebug's ops change.
+    nddebug cannot make the choice the same as in the untraced step, so it names a rewritten
+    sum in the warnings; a step whose estimate stays low gets no such warning."""
+
+    def make(n: int) -> Any:
+        @tf.function
+        def step(x):
+            return tf.reduce_sum(tf.add_n([x * 1.5, x * 2.5, tf.sin(x)]))
+
+        return step, tf.random.stateless_uniform([n], [1, 2])
+
+    with on_cpu():
+        # 4 x 64 MB live at once: over 80% of the 256 MiB TensorFlow reports for the CPU.
+        big, x = make(1 << 24)
+        with nddebug.trace() as rec:
+            big(x)
+        with nddebug.trace() as again:  # optimized once: said in every block that calls it
+            big(x)
+        small, y = make(1 << 10)
+        with nddebug.trace() as quiet:
+            small(y)
+    said = [w for w in rec.warnings if "memory optimizer" in w]
+    assert len(said) == 1 and "AddN" in said[0] and "step" in said[0], rec.warnings
+    assert said == [w for w in again.warnings if "memory optimizer" in w]
+    assert not quiet.warnings

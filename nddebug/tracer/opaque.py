@@ -17,7 +17,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED
-from nddebug.tracer import ops
+from nddebug.tracer import memory_rewrite, ops
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
 # Stateful random op types: a function holding one with no seed differs call to call.
@@ -255,6 +255,14 @@ class PreCallHook:
             if function_kind(fname) != "instrumented":
                 digests = state_digests(tensor_inputs)
                 self.before.setdefault(fname, []).append(digests)
+            else:
+                out = rec.own_call(
+                    lambda: memory_rewrite.call_and_check(
+                        fname, lambda: original(ctx, name, tensor_inputs, n)
+                    )
+                )
+                memory_rewrite.note(rec.recording, fname)
+                return out
         return rec.own_call(lambda: original(ctx, name, tensor_inputs, n))
 
     def pop(self, name: str) -> list[dg.Digest | None] | None:
