@@ -174,6 +174,20 @@ def _keras_optimizer(optimizer: str) -> Callable[[], Workload]:
     return make
 
 
+def _gated_classifier(inp: Any, x: Any, gate: Any, data_seed: int) -> Workload:
+    """A squeeze-and-excite block's end (``x`` times its ``gate``) under a 4-class head,
+    trained one step by Adam on 8 random 8x8x3 images."""
+    import keras
+
+    layers = keras.layers
+    x = layers.Multiply()([x, gate])
+    model = keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling2D()(x)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.RandomState(data_seed)
+    x_in = rng.rand(8, 8, 8, 3).astype("float32")
+    return model.train_on_batch, (x_in, rng.randint(0, 4, 8)), model
+
+
 def _squeeze_excite_hard_swish() -> Workload:
     """MobileNetV3's building blocks: hard-swish (x * relu6(x + 3) / 6: the gradient with
     respect to the constant 6 is computed only if something records it, and its ops are more
@@ -190,12 +204,7 @@ def _squeeze_excite_hard_swish() -> Workload:
     s = layers.GlobalAveragePooling2D(keepdims=True)(x)
     s = layers.ReLU()(layers.Conv2D(8, 1)(s))
     s = layers.ReLU(6.0)(layers.Conv2D(16, 1)(s) + 3.0) * (1.0 / 6.0)
-    x = layers.Multiply()([x, s])
-    model = keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling2D()(x)))
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.RandomState(2)
-    x_in = rng.rand(8, 8, 8, 3).astype("float32")
-    return model.train_on_batch, (x_in, rng.randint(0, 4, 8)), model
+    return _gated_classifier(inp, x, s, data_seed=2)
 
 
 def _swish_depthwise_block() -> Workload:
@@ -215,12 +224,7 @@ def _swish_depthwise_block() -> Workload:
     s = layers.GlobalAveragePooling2D(keepdims=True)(x)
     s = layers.Conv2D(4, 1, activation="swish")(s)
     s = layers.Conv2D(8, 1, activation="sigmoid")(s)
-    x = layers.Multiply()([x, s])
-    model = keras.Model(inp, layers.Dense(4)(layers.GlobalAveragePooling2D()(x)))
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.RandomState(3)
-    x_in = rng.rand(8, 8, 8, 3).astype("float32")
-    return model.train_on_batch, (x_in, rng.randint(0, 4, 8)), model
+    return _gated_classifier(inp, x, s, data_seed=3)
 
 
 WORKLOADS: dict[str, Callable[[], Workload]] = {

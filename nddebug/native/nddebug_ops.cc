@@ -78,17 +78,22 @@ inline uint64_t row_weight(uint64_t row, int s) {
   return h | 1ULL;
 }
 
-// Weighted sums of one block of n words (n <= kBlock): {sum u*w0, sum (u>>32)*w1}; the
-// portable loop, one word at a time.
-void block_sums_scalar(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
+// Adds words from..n-1 of a block to the weighted sums {sum u*w0, sum (u>>32)*w1}, one word
+// at a time: the portable loop, and the tail of the SIMD ones.
+inline void add_words(const char* p, int64_t from, int64_t n, uint64_t* a, uint64_t* b) {
   const Weights& t = weights();
-  uint64_t a = 0, b = 0;
-  for (int64_t k = 0; k < n; ++k) {
+  for (int64_t k = from; k < n; ++k) {
     uint64_t u;
     std::memcpy(&u, p + 8 * k, 8);
-    a += u * t.w[0][k];
-    b += sar(u, 32) * t.w[1][k];
+    *a += u * t.w[0][k];
+    *b += sar(u, 32) * t.w[1][k];
   }
+}
+
+// Weighted sums of one block of n words (n <= kBlock); the portable loop.
+void block_sums_scalar(const char* p, int64_t n, uint64_t* lo, uint64_t* hi) {
+  uint64_t a = 0, b = 0;
+  add_words(p, 0, n, &a, &b);
   *lo = a;
   *hi = b;
 }
@@ -133,12 +138,7 @@ __attribute__((target("avx2"))) void block_sums_avx2(const char* p, int64_t n, u
   _mm256_store_si256(reinterpret_cast<__m256i*>(hx), acc_hi_x);
   uint64_t a = (l[0] + l[1] + l[2] + l[3]) + ((lx[0] + lx[1] + lx[2] + lx[3]) << 32);
   uint64_t b = (h[0] + h[1] + h[2] + h[3]) + ((hx[0] + hx[1] + hx[2] + hx[3]) << 32);
-  for (int64_t k = vec; k < n; ++k) {
-    uint64_t u;
-    std::memcpy(&u, p + 8 * k, 8);
-    a += u * t.w[0][k];
-    b += sar(u, 32) * t.w[1][k];
-  }
+  add_words(p, vec, n, &a, &b);
   *lo = a;
   *hi = b;
 }
@@ -167,12 +167,7 @@ __attribute__((target("avx512f,avx512dq"))) void block_sums_avx512(const char* p
   }
   uint64_t a = static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(lo0, lo1)));
   uint64_t b = static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(hi0, hi1)));
-  for (int64_t k = vec; k < n; ++k) {
-    uint64_t u;
-    std::memcpy(&u, p + 8 * k, 8);
-    a += u * t.w[0][k];
-    b += sar(u, 32) * t.w[1][k];
-  }
+  add_words(p, vec, n, &a, &b);
   *lo = a;
   *hi = b;
 }

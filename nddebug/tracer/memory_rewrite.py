@@ -66,14 +66,24 @@ def call_and_check(name: str, call: Callable[[], Any]) -> Any:
     try:
         out = call()
     finally:
-        try:
-            metadata = ctx.export_run_metadata()
-        finally:
-            ctx.disable_graph_collection()
-    found = rewritten_sums(metadata) if metadata is not None else ()
+        found = _collected(ctx)
     with _LOCK:
         _REWRITTEN[name] = found
     return out
+
+
+def _collected(ctx: Any) -> tuple[str, ...]:
+    """The rewritten sums in the graphs collected since graph collection was turned on, which
+    this turns off. Never raises: a failure here must not replace the call's own result."""
+    try:
+        metadata = ctx.export_run_metadata()
+    except Exception:  # noqa: BLE001 - nothing collected: nothing to say
+        metadata = None
+    try:
+        ctx.disable_graph_collection()
+    except Exception:  # noqa: BLE001
+        pass
+    return rewritten_sums(metadata) if metadata is not None else ()
 
 
 def note(recording: Recording, name: str) -> None:

@@ -247,23 +247,21 @@ class PreCallHook:
     def call(self, original: Any, ctx: Any, name: Any, tensor_inputs: Any, n: int) -> Any:
         """One eager function call while this hook's recorder is active."""
         rec = self.recorder
+
+        def run() -> Any:
+            return original(ctx, name, tensor_inputs, n)
+
         if threading.get_ident() != rec.thread:
             # Another thread's call: not this block's, and kept out of it.
-            return rec.foreign_call(lambda: original(ctx, name, tensor_inputs, n))
+            return rec.foreign_call(run)
         if not busy():
             fname = ops.as_str(name)
-            if function_kind(fname) != "instrumented":
-                digests = state_digests(tensor_inputs)
-                self.before.setdefault(fname, []).append(digests)
-            else:
-                out = rec.own_call(
-                    lambda: memory_rewrite.call_and_check(
-                        fname, lambda: original(ctx, name, tensor_inputs, n)
-                    )
-                )
+            if function_kind(fname) == "instrumented":
+                out = rec.own_call(lambda: memory_rewrite.call_and_check(fname, run))
                 memory_rewrite.note(rec.recording, fname)
                 return out
-        return rec.own_call(lambda: original(ctx, name, tensor_inputs, n))
+            self.before.setdefault(fname, []).append(state_digests(tensor_inputs))
+        return rec.own_call(run)
 
     def pop(self, name: str) -> list[dg.Digest | None] | None:
         """The digests read before the call that just returned (None if the hook missed it)."""

@@ -71,9 +71,7 @@ def _reads_unneeded(graph_ops: list[Any], use: set[Any]) -> set[Any]:
                 stack.append((op, True))
                 stack.extend((x, False) for x in pending)
                 continue
-            state[op] = any(
-                x not in use and (not ours(x) or state.get(x, False)) for x in reads
-            )
+            state[op] = any(x not in use and (not ours(x) or state.get(x, False)) for x in reads)
     return {op for op, bad in state.items() if bad}
 
 
