@@ -81,12 +81,17 @@ def _through_model_library(frames: Any, start: int, end: int) -> bool:
     """Whether the frames from ``start`` to ``end`` pass through a library other than
     TensorFlow itself (Keras, keras-hub, …), where the line alone does not say which part of
     the model made the op."""
-    tf_dir = _tf_dir()
     for k in range(start, end):
-        name = frames[k].filename
-        if not name.startswith("<") and not os.path.abspath(name).startswith(tf_dir):
+        if _outside_tf(frames[k].filename):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _outside_tf(filename: str) -> bool:
+    """Whether a frame's file is a real file outside TensorFlow (asked for every frame of
+    every op's traceback: a Keras op's stack is ~40 frames of a few dozen files)."""
+    return not filename.startswith("<") and not os.path.abspath(filename).startswith(_tf_dir())
 
 
 def eager_location(lib_dirs: tuple[str, ...]) -> tuple[str, str]:
