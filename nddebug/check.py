@@ -277,15 +277,27 @@ def check(
     return report
 
 
+#: Why an op is not re-executed (OpInfo.rerun), as a confirmation says it.
+_BLOCKERS = {
+    "stateful": "it changes state (a variable, a random generator, an iterator), and running "
+    "it again would change what the step goes on with; only repeated steps compare it",
+}
+
+
 def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
     """Per op key: how many of its re-executions in ``rec`` differed from it."""
     import re
 
     counts: dict[str, list[int]] = {}
+    blocked: dict[str, str] = {}  # why an op ran but was not re-executed (OpInfo.rerun)
     for ev in rec.events:
         op = rec.ops.get(ev.op_id)
         base = re.sub(r"#\d+$", "", op.key) if op is not None else ""
-        if base not in keys or not ev.reruns:
+        if base not in keys:
+            continue
+        if not ev.reruns:
+            if op is not None and op.rerun:
+                blocked.setdefault(base, op.rerun)
             continue
         seen = counts.setdefault(base, [0, 0])
         seen[1] += len(ev.reruns)
@@ -293,7 +305,9 @@ def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
     out = {}
     for key in keys:
         differed, total = counts.get(key, (0, 0))
-        if not total:
+        if not total and key in blocked:
+            out[key] = f"not re-executed: {_BLOCKERS.get(blocked[key], blocked[key])}"
+        elif not total:
             out[key] = "not re-executed (the op did not run again in the confirming step)"
         elif differed:
             out[key] = f"differed in {differed} of {total} re-executions on its recorded inputs"

@@ -147,6 +147,26 @@ def test_a_suspect_re_executed_alone_shows_its_race() -> None:
     ), found
 
 
+def test_a_suspect_that_writes_state_says_why_it_was_not_re_executed() -> None:
+    """A variable update is never re-executed alone (it would change the variable the step
+    goes on with): the confirmation says so instead of "did not run again"."""
+    from nddebug.check import confirmations
+
+    v = tf.Variable(tf.zeros([16]))
+
+    @tf.function
+    def step(i, u):
+        v.scatter_sub(tf.IndexedSlices(u, i))
+        return tf.reduce_sum(v)
+
+    i, u = tf.constant([1, 1, 2, 3]), tf.ones([4])
+    with nddebug.trace(rerun=4) as rec:
+        step(i, u)
+    (key,) = {op.key for op in rec.ops.values() if op.op_type == "ResourceScatterSub"}
+    found = confirmations(rec, {key})[key]
+    assert found.startswith("not re-executed: it changes state"), found
+
+
 # ----------------------------------------------------------------- everything compared
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "int4", "uint4"])
 def test_narrow_dtypes_are_compared(dtype: str) -> None:
