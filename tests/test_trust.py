@@ -190,6 +190,67 @@ def test_narrow_dtypes_are_compared(dtype: str) -> None:
     assert "Cast" in set(differing.culprits["op_type"])
 
 
+_SPECTRAL = {
+    "tf.norm(ord=2)": lambda w: tf.norm(w, ord=2, axis=[-2, -1]),  # Svd, compute_uv=False
+    "eigvalsh": lambda w: tf.reduce_sum(tf.linalg.eigvalsh(tf.matmul(w, w, transpose_b=True))),
+    "eigvals": lambda w: tf.reduce_sum(tf.abs(tf.linalg.eigvals(w))),  # Eig, compute_v=False
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SPECTRAL))
+def test_outputs_a_kernel_leaves_undefined_are_not_a_source(name: str) -> None:
+    """Svd without compute_uv and the eigen ops without compute_v leave their vector outputs
+    undefined (stale memory, different per call). A step whose weights are bitwise equal in
+    every run is reproducible, and the op's note says what was not compared."""
+    f = _SPECTRAL[name]
+    w = tf.Variable(np.random.RandomState(1).rand(6, 6))
+
+    def update():
+        with tf.GradientTape() as tape:
+            loss = tf.cast(f(w), tf.float64)
+        w.assign_sub(0.001 * tape.gradient(loss, w))
+        return loss
+
+    step = tf.function(update)
+    step()
+    start = w.numpy()
+    plain = []
+    for _ in range(3):
+        w.assign(start)
+        step()
+        plain.append(w.numpy().tobytes())
+    assert len(set(plain)) == 1  # the ground truth: the plain step is reproducible
+    w.assign(start)
+    report = nddebug.check(step, repeats=4, state=[w])
+    assert report.ok and report.culprits.empty, str(report)
+    with nddebug.trace() as rec:
+        tf.function(update)()  # traced in the block: its ops are recorded
+    notes = [op.note for op in rec.ops.values() if op.op_type in ("Svd", "SelfAdjointEigV2", "Eig")]
+    # (The gradient computes the vectors with a second op, whose outputs are all defined.)
+    assert any("not compared" in n and "undefined" in n for n in notes), notes
+
+
+def test_the_undefined_outputs_table_is_checked() -> None:
+    from nddebug.tracer import undefined
+
+    table = undefined.table()
+    assert {"Svd", "SelfAdjointEigV2", "Eig"} <= set(table)
+    at, why = undefined.undefined_outputs("Svd", ("compute_uv", False, "full_matrices", False))
+    assert at == (1, 2) and "u, v" in why
+    assert undefined.undefined_outputs("Svd", ("compute_uv", True)) == ((), "")
+    good = 'schema = 1\n[[output]]\nop = "A"\noutputs = ["v"]\nwhen = { c = false }\n'
+    good += 'source = "s"\nmeasured = "m"\n'
+    assert undefined.parse(good)["A"].outputs == ("v",)
+    for broken in (
+        good.replace("schema = 1", "schema = 2"),
+        good.replace('["v"]', "[]"),
+        good.replace("{ c = false }", "{}"),
+        good.replace('measured = "m"\n', ""),
+    ):
+        with pytest.raises(ValueError):
+            undefined.parse(broken, "t.toml")
+
+
 # ----------------------------------------------------------------- causality
 def test_training_loop_names_only_the_random_op() -> None:
     """25 calls of a step with an unseeded random op: every later call reads variables the

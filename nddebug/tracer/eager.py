@@ -14,7 +14,7 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.recording import NOT_COMPARED, OPAQUE, Event, OpInfo
-from nddebug.tracer import opaque, ops, rerun
+from nddebug.tracer import opaque, ops, rerun, undefined
 from nddebug.tracer.location import eager_location
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
@@ -127,7 +127,13 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             note = "value of the variable after this update"
     if not out_tensors and not in_digests:
         return
-    out_digests = [_digest(rec, t) for t in out_tensors]
+    at, why = undefined.undefined_outputs(op_type, attrs) if not note else ((), "")
+    if at:
+        note = why  # left undefined by the kernel: not digested (see tracer.undefined)
+        for i in at:
+            if i < len(out_tensors) and getattr(out_tensors[i], "_id", None) is not None:
+                rec.eager_digests[out_tensors[i]._id] = None  # its readers: unreadable input
+    out_digests = [None if i in at else _digest(rec, t) for i, t in enumerate(out_tensors)]
     op_def = ops.op_def(op_type)
     stateful = op_def is None or op_def.is_stateful
     blocker = ""

@@ -14,7 +14,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
-from nddebug.tracer import ops, rerun, rewrites, transport, unneeded
+from nddebug.tracer import ops, rerun, rewrites, transport, undefined, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
@@ -345,9 +345,19 @@ def _captured_from(graph: Any, tensor: Any) -> Any:
     return found
 
 
+#: Per-graph cache entry: names of outputs their kernel left undefined (tracer.undefined).
+_UNDEFINED = "<undefined outputs>"
+
+
 def _digestible(tensor: Any) -> bool:
     # A reference (TF1 variable) is read when the digest runs, not when its consumer did.
-    return dg.digestible(tensor.dtype) and not tensor.dtype._is_ref_dtype
+    return dg.digestible(tensor.dtype) and not tensor.dtype._is_ref_dtype and not _undefined(tensor)
+
+
+def _undefined(tensor: Any) -> bool:
+    """Whether the kernel that made ``tensor`` leaves it undefined (stale memory)."""
+    found = REGISTRY.graph_cache(tensor.graph).get(_UNDEFINED)
+    return bool(found) and tensor.name in found
 
 
 def _const_digest(tensor: Any) -> tuple[int, int] | None:
@@ -629,7 +639,14 @@ def instrument_op(
                     value = gen_resource_variable_ops.read_variable_op(inputs[0], dtype)
             out_tensors = [value]
             note = "value of the variable after this update"
-    if op_type in ("Const", "Placeholder") and not note:
+    after_write = bool(note)  # the outputs are a variable's value after this op wrote it
+    if out_tensors and not after_write:
+        at, why = undefined.undefined_outputs(op_type, attrs)
+        if at:
+            # Left undefined by the kernel: not digested (see tracer.undefined).
+            cache.setdefault(_UNDEFINED, set()).update(out_tensors[i].name for i in at)
+            note = why
+    if op_type in ("Const", "Placeholder") and not after_write:
         # Constants are fixed by the graph; placeholders are digested by their consumers.
         return None
     fused = None
@@ -639,7 +656,9 @@ def instrument_op(
     base = _key_base(graph, op)
     if host:
         # Rerun mode on the CPU: the host digests, so the graph needs no digest ops.
-        out_digests: list[Any] = [True if dg.digestible(t.dtype) else None for t in out_tensors]
+        out_digests: list[Any] = [
+            True if dg.digestible(t.dtype) and not _undefined(t) else None for t in out_tensors
+        ]
         in_digests: list[Any] = []
         readable_out: list[Any] = []
     else:
@@ -659,7 +678,7 @@ def instrument_op(
             and rewritable
             and len(out_tensors) == 1
             and not (rec.capture and base in rec.capture)
-            and not note
+            and not after_write
             and _digestible(out_tensors[0])
         )
         if fused is not None or defer:  # digested by the op that records them, made below
@@ -673,7 +692,7 @@ def instrument_op(
     payload: list[Any] = []
     copies = 0
     if k_rerun:
-        blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
+        blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, after_write)
         dups = [] if blocker else rerun.duplicates(graph, op, inputs, k_rerun)
         copies = len(dups)
         for slot, (t, d) in enumerate(zip(out_tensors, out_digests, strict=False)):
@@ -735,7 +754,7 @@ def instrument_op(
         """Make the op that records this op's executions: it, and the first output's digest."""
         if fused is not None:
             sender = _send_fused(fused, graph, op_id, out_tensors, in_digests)
-            _order_record(graph, sender, stateful, info.resource, bool(note))
+            _order_record(graph, sender, stateful, info.resource, after_write)
             return sender, REGISTRY.graph_cache(graph).get(out_tensors[0].name)
         outs, sent = out_digests, readable_out
         if defer:
@@ -749,7 +768,7 @@ def instrument_op(
             op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
         )
         if getattr(sender, "type", "") == "NddebugRecord":
-            _order_record(graph, sender, stateful, info.resource, bool(note))
+            _order_record(graph, sender, stateful, info.resource, after_write)
         first = outs[0] if outs and not isinstance(outs[0], bool) else None
         return sender, first
 
