@@ -488,6 +488,38 @@ def test_eager_py_function_and_return_value_are_compared() -> None:
     assert set(report.sources["op_type"]) == {"EagerPyFunc"}
 
 
+@pytest.mark.parametrize("noisy", [True, False])
+@pytest.mark.parametrize("call", ["numpy_function", "py_function"])
+def test_a_python_function_in_a_graph_is_the_source_of_what_it_returns(
+    call: str, noisy: bool
+) -> None:
+    """A tf.numpy_function / tf.py_function inside a tf.function that returns NumPy's
+    unseeded random values is named the source, with the knowledge base's entry; not the
+    first op that reads its output. The same call returning a function of its inputs is
+    reproducible."""
+    wrap = getattr(tf, call)
+    w = tf.Variable(tf.ones([4]))
+
+    def python(x):
+        extra = np.random.rand(4) if noisy else np.zeros(4)
+        return (np.asarray(x) * 2 + extra).astype(np.float32)
+
+    @tf.function
+    def step(x):
+        z = tf.reshape(wrap(python, [x], tf.float32), [4])
+        w.assign_add(z * 0.1)
+        return w
+
+    report = nddebug.check(step, tf.range(4.0), repeats=3, state=[w])
+    if not noisy:
+        assert report.ok, str(report)
+        return
+    assert not report.ok
+    (source,) = report.sources.itertuples()
+    assert source.op_type in ("PyFunc", "EagerPyFunc"), str(report)
+    assert "Python code" in source.explanation and "np.random.default_rng" in source.fix
+
+
 def test_same_bytes_in_another_shape_differ() -> None:
     recs = []
     for shape in ([2, 3], [3, 2]):

@@ -82,7 +82,7 @@ def _resource(op_type: str, inputs: Any) -> str:
 
 def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:
     """Record one eager op execution (and, for a function call, the graph events it ran)."""
-    if op_type in ops.SKIP_EAGER_OPS:
+    if op_type in ops.SKIP_OPS:
         return
     location, site = eager_location(rec.lib_dirs)
     # TF names a function's call op after the function plus a process-specific number;

@@ -583,9 +583,8 @@ def instrument_op(
     import tensorflow as tf
 
     if op_type in ops.SKIP_OPS:
-        # Not recorded (a Python function's call is compared by its outputs), but what it
-        # reads is read outside any rewrite: an intermediate left for its readers is
-        # recorded now.
+        # Nothing to record, but what it reads is read outside any rewrite: an
+        # intermediate left for its readers is recorded now.
         cache = REGISTRY.graph_cache(graph)
         for t in inputs:
             d = cache.get(t.name)

@@ -22,11 +22,11 @@ ALIAS_OPS = {
     "ExpandDims": 0,
     "Squeeze": 0,
 }
-# Ops with nothing worth digesting and no effect on values.
-SKIP_OPS = {"NoOp", "PyFunc", "EagerPyFunc"}
-# Eagerly, a tf.py_function's call is an op like any other: what the Python function returned
-# (Python's random, the clock, a file) is compared through its outputs.
-SKIP_EAGER_OPS = {"NoOp"}
+# Ops with nothing to digest. A Python function's call (tf.py_function, tf.numpy_function:
+# EagerPyFunc, PyFunc) is an op like any other, eagerly and in graphs: what the Python code
+# returned (NumPy's random, the clock, a file) is compared through its outputs, so a call
+# that returns other values for the same inputs is the source.
+SKIP_OPS = {"NoOp"}
 # Ops that write a resource variable (input 0): the value written is read back and digested.
 WRITER = re.compile(
     r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"
