@@ -1331,6 +1331,18 @@ def _timestamp(rng: np.random.Generator) -> Program:
 
 
 _add("Timestamp", "forward", "tf.timestamp", {"scalar": _timestamp}, dtype="float64", kind="other")
+for _op, _api in (
+    ("PyFunc", "tf.numpy_function"),
+    ("PyFuncStateless", "tf.numpy_function(stateful=False)"),
+    ("EagerPyFunc", "tf.py_function"),
+):
+    _skip(
+        _op,
+        _api,
+        "runs the user's Python code: whether it returns the same values for the same inputs "
+        "is that code's property, not a kernel's; nddebug.check() of the step tells",
+        kind="other",
+    )
 
 
 def _iterator(op: str) -> Callable:
