@@ -1,7 +1,9 @@
 """The bitwise digest of a tensor, defined once and computed on the tensor's own device.
 
-Definition (``ALGORITHM``): take the tensor's bytes in row-major order (bool as one byte 0/1),
-pad with zero bytes to a multiple of 8 and read them as little-endian int64 words ``u_j``.
+Definition (``ALGORITHM``): take the tensor's bytes in row-major order (bool as one byte 0/1;
+a string tensor: each element's length in bytes as a little-endian int64, in row-major order,
+then the elements' bytes one after the other, :func:`string_bytes`), pad with zero bytes to a
+multiple of 8 and read them as little-endian int64 words ``u_j``.
 With odd weights ``c_j = W[j mod B] * V(j div B)`` and ``c'_j`` (independent tables), the
 digest is the pair
 
@@ -27,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-ALGORITHM = "nddebug-wsum64x2-v1"
+#: v2: as v1, with a definition for strings (v1 digested none).
+ALGORITHM = "nddebug-wsum64x2-v2"
 # lo also counts the byte length, so trailing zeros (which padding hides) still change it.
 LENGTH_WEIGHT = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 BLOCK = 4096
@@ -67,9 +70,30 @@ def _row_weights_np(rows: np.ndarray, stream: int) -> np.ndarray:
     return h | np.int64(1)
 
 
+def is_strings(array: np.ndarray) -> bool:
+    """Whether a host array holds strings (a TF string tensor's ``numpy()`` is an object array
+    of bytes)."""
+    return array.dtype.kind in "OSU"
+
+
+def string_bytes(array: Any) -> np.ndarray:
+    """The bytes a string tensor's digest reads, as uint8: every element's length in bytes
+    (little-endian int64, row-major order), then the elements' bytes in the same order. The
+    lengths come first so that no way of cutting the same bytes into elements looks like
+    another."""
+    items = []
+    for x in np.asarray(array, dtype=object).reshape(-1):
+        if not isinstance(x, (bytes, str)):
+            raise TypeError(f"a string tensor's element is bytes or str, not {type(x).__name__}")
+        items.append(x if isinstance(x, bytes) else x.encode("utf-8"))
+    head = np.array([len(x) for x in items], dtype="<i8").tobytes()
+    return np.frombuffer(head + b"".join(items), dtype=np.uint8)
+
+
 def words_of(array: np.ndarray) -> np.ndarray:
     """The int64 words the digest is defined over (zero-copy when the bytes allow it)."""
-    a = np.ascontiguousarray(array)
+    a = np.asarray(array)
+    a = string_bytes(a) if is_strings(a) else np.ascontiguousarray(a)
     if a.dtype == np.bool_:
         a = a.view(np.uint8)
     flat = a.reshape(-1).view(np.uint8)
@@ -110,7 +134,8 @@ def digest_numpy(array: Any) -> tuple[int, int]:
     """Digest of a host array: the reference the TF kernels must match bit for bit, and the
     path for eager tensors that already live in host memory. Reads the array in slices, so a
     512 MiB tensor needs a few MiB more, not copies of itself."""
-    a = np.ascontiguousarray(np.asarray(array))
+    a = np.asarray(array)
+    a = string_bytes(a) if is_strings(a) else np.ascontiguousarray(a)
     n, words = _word_reader(a)
     rows, rest = divmod(n, BLOCK)
     out = []
@@ -157,11 +182,13 @@ NARROW = {
 
 
 def digestible(dtype: Any) -> bool:
-    """Whether tensors of this TF dtype have bits we can read (not string/resource/variant)."""
+    """Whether tensors of this TF dtype have bits we can read (not resource/variant)."""
     import tensorflow as tf
 
     dtype = tf.as_dtype(dtype)
-    if dtype in (tf.string, tf.resource, tf.variant):
+    if dtype == tf.string:
+        return True  # its elements' lengths and bytes (string_bytes)
+    if dtype in (tf.resource, tf.variant):
         return False
     return dtype == tf.bool or dtype.name in NARROW or _bitcast_ok(dtype)
 
@@ -199,6 +226,14 @@ def byte_view(tensor: Any) -> Any:
     """The tensor's bytes as a flat uint8 vector: a zero-copy view except for bool."""
     import tensorflow as tf
 
+    if tensor.dtype == tf.string:
+        # string_bytes: the lengths as little-endian int64, then the bytes (on the host:
+        # strings have no device kernels).
+        flat = tf.reshape(tensor, [-1])
+        lengths = tf.cast(tf.strings.length(flat, unit="BYTE"), tf.int64)
+        head = tf.reshape(tf.bitcast(lengths, tf.uint8), [-1])
+        body = tf.io.decode_raw(tf.strings.reduce_join(flat), tf.uint8)
+        return tf.concat([head, tf.reshape(body, [-1])], 0)
     if tensor.dtype == tf.bool:
         raw = tf.cast(tensor, tf.uint8)
     elif tensor.dtype.name in NARROW:

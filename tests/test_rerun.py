@@ -167,7 +167,8 @@ def test_device_path_compares_in_the_graph(monkeypatch) -> None:
 
     monkeypatch.setattr(rerun, "on_host", lambda device: False)
     step, args, state = make_step()
-    report = nddebug.check(step, *args, mode="rerun", rerun=3, state=state, advance=False)
+    # 8 copies: with 3 the race stayed hidden in about 1 check in 25 (2 of 52 measured).
+    report = nddebug.check(step, *args, mode="rerun", rerun=8, state=state, advance=False)
     assert list(report.culprits["op_type"]) == ["CropAndResizeGradImage"], str(report)
     row = report.sources.iloc[0]
     assert row["max_abs_diff"] > 0 and row["distinct_outputs"] >= 2
@@ -175,7 +176,7 @@ def test_device_path_compares_in_the_graph(monkeypatch) -> None:
     # Real digests of the originals, computed in the graph, and inputs proven identical.
     crop = next(ev for ev in rec.events if rec.ops[ev.op_id].op_type == "CropAndResizeGradImage")
     assert crop.inputs and all(d is not None for d in crop.digests)
-    assert len(crop.reruns) == 3
+    assert len(crop.reruns) == 8
 
 
 def _crop_into_biased_conv_step(boxes: int = 1024, crop: int = 14) -> tuple[Any, tuple, list]:

@@ -64,7 +64,8 @@ def loop_200() -> Recording:
 @pytest.fixture(scope="module")
 def real_runs(loop_200) -> list[Recording]:
     """Real traces with every kind of field: eager ops (shapes), a tf.function with an
-    unseeded random op, bool/float16/string outputs (a digest of None), an interrupted run, a
+    unseeded random op, bool/float16/string outputs, a variable's handle (a digest of None),
+    an interrupted run, a
     rerun run (re-executions), and the 200-step loop."""
     x = tf.constant(np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(3, 4))
 
@@ -83,6 +84,7 @@ def real_runs(loop_200) -> list[Recording]:
             step(y)
             tf.strings.join([tf.constant("a"), tf.constant("b")])
             tf.reduce_sum(tf.cast(positive, tf.int64))
+            tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="handle")
             del half
         runs.append(rec)
     with pytest.raises(_Stop), nddebug.trace(label="interrupted") as interrupted:

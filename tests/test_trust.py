@@ -456,8 +456,28 @@ def test_trace_records_only_its_own_thread() -> None:
 
 # ----------------------------------------------------------------- what is compared, more
 def test_unreadable_outputs_with_differing_inputs_are_a_finding() -> None:
-    """AsString's output (a string) cannot be digested; its input differed: the report must
-    not be reproducible."""
+    """A dataset made in the step (a variant) cannot be digested; its input differed: the
+    report must not be reproducible, and the op says what it could not compare."""
+
+    @tf.function
+    def step(n):
+        return tf.data.Dataset.from_tensors(n * 2).reduce(tf.constant(0), lambda a, x: a + x)
+
+    recs = []
+    for n in (1, 2):
+        with nddebug.trace() as rec:
+            step(tf.constant(n))
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert not report.ok
+    row = report.culprits[report.culprits["op_type"] == "TensorDataset"]
+    assert len(row) == 1 and "could not be compared" in row["explanation"].iloc[0]
+
+
+def test_strings_are_compared() -> None:
+    """A difference only strings carry is seen: the string ops are digested (their
+    elements' lengths and bytes), so they are propagated ops like any other, and a shuffled
+    pipeline of strings is named the source."""
 
     @tf.function
     def step(n):
@@ -470,8 +490,19 @@ def test_unreadable_outputs_with_differing_inputs_are_a_finding() -> None:
         recs.append(rec)
     report = nddebug.compare(recs)
     assert not report.ok
-    row = report.culprits[report.culprits["op_type"] == "AsString"]
-    assert len(row) == 1 and "could not be compared" in row["explanation"].iloc[0]
+    assert {"AsString", "StringJoin"} <= set(report.culprits["op_type"])
+    assert "could not be compared" not in " ".join(report.culprits["explanation"])
+
+    words = tf.constant([f"w{i}" for i in range(64)])
+    lengths = tf.Variable(tf.zeros([], tf.int64))
+
+    def read_all():
+        for batch in tf.data.Dataset.from_tensor_slices(words).shuffle(64).batch(8):
+            lengths.assign_add(tf.cast(tf.reduce_sum(tf.strings.length(batch)), tf.int64))
+
+    report = nddebug.check(read_all, repeats=3, state=[lengths])
+    assert not report.ok  # the order differs; the sum of lengths does not
+    assert list(report.sources["op_type"]) == ["IteratorGetNext"], str(report)
 
 
 def test_eager_py_function_and_return_value_are_compared() -> None:

@@ -5,7 +5,7 @@
 // kernel, which digests on the device with the kernels of nddebug_digest.cu (see "the GPU
 // path" below); the other ops are CPU only.
 //
-// The digest definition ("nddebug-wsum64x2-v1") is in docs/format.md; digest_numpy is the
+// The digest definition ("nddebug-wsum64x2-v2") is in docs/format.md; digest_numpy is the
 // reference this must match bit for bit. The sums wrap around mod 2**64 and are associative,
 // so any reduction order gives the same value (the GPU's included).
 #include <dlfcn.h>
@@ -540,18 +540,49 @@ __attribute__((visibility("default"))) int64_t nddebug_digest_bytes(const char* 
 
 namespace {
 
-// The digest of one tensor's bytes into pair; an error for a dtype whose bytes are not its
-// value (strings, resources, variants).
-tensorflow::Status digest_tensor(const Tensor& t,
-                                 const tensorflow::DeviceBase::CpuWorkerThreads* pool,
-                                 int64_t* pair) {
+// The bytes a host tensor's digest reads: its own bytes, or for a string tensor each
+// element's length in bytes (little-endian int64, row-major order) followed by the elements'
+// bytes (string_bytes in digest.py), built in buf. An error for a dtype whose bytes are not
+// its value (resources, variants).
+tensorflow::Status host_bytes(const Tensor& t, std::string* buf, const char** data,
+                              int64_t* nbytes) {
+  if (t.dtype() == tensorflow::DT_STRING) {
+    const auto flat = t.flat<tensorflow::tstring>();
+    size_t total = 8 * static_cast<size_t>(flat.size());
+    for (int64_t i = 0; i < flat.size(); ++i) total += flat(i).size();
+    buf->clear();
+    buf->reserve(total);
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      const uint64_t n = flat(i).size();
+      char le[8];
+      for (int b = 0; b < 8; ++b) le[b] = static_cast<char>((n >> (8 * b)) & 0xff);
+      buf->append(le, 8);
+    }
+    for (int64_t i = 0; i < flat.size(); ++i) buf->append(flat(i).data(), flat(i).size());
+    *data = buf->data();
+    *nbytes = static_cast<int64_t>(buf->size());
+    return tensorflow::OkStatus();
+  }
   if (!tensorflow::DataTypeCanUseMemcpy(t.dtype())) {
     return tensorflow::errors::InvalidArgument("nddebug: cannot read the bytes of ",
                                                tensorflow::DataTypeString(t.dtype()));
   }
   const auto bytes = t.tensor_data();
+  *data = bytes.data();
+  *nbytes = static_cast<int64_t>(bytes.size());
+  return tensorflow::OkStatus();
+}
+
+// The digest of one host tensor into pair (see host_bytes).
+tensorflow::Status digest_tensor(const Tensor& t,
+                                 const tensorflow::DeviceBase::CpuWorkerThreads* pool,
+                                 int64_t* pair) {
+  std::string buf;
+  const char* data = nullptr;
+  int64_t nbytes = 0;
+  TF_RETURN_IF_ERROR(host_bytes(t, &buf, &data, &nbytes));
   uint64_t lo, hi;
-  digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), pool, &lo, &hi);
+  digest_bytes(data, nbytes, pool, &lo, &hi);
   pair[0] = static_cast<int64_t>(lo);
   pair[1] = static_cast<int64_t>(hi);
   return tensorflow::OkStatus();
@@ -760,18 +791,24 @@ class DigestRecordGpuOp : public DigestRecordOp {
         XDesc d{};
         d.out = reinterpret_cast<uint64_t>(outs[i]->tensor_data().data());
         d.slot = i;
-        if (!tensorflow::DataTypeCanUseMemcpy(xs[i].dtype())) {
+        const bool on_host = ctx->input_memory_type(i) == tensorflow::HOST_MEMORY;
+        if (!tensorflow::DataTypeCanUseMemcpy(xs[i].dtype()) &&
+            !(on_host && xs[i].dtype() == tensorflow::DT_STRING)) {
           return tensorflow::errors::InvalidArgument("nddebug: cannot read the bytes of ",
                                                      tensorflow::DataTypeString(xs[i].dtype()));
         }
-        const auto bytes = xs[i].tensor_data();
-        if (ctx->input_memory_type(i) == tensorflow::HOST_MEMORY) {
+        if (on_host) {  // (strings always are)
+          std::string buf;
+          const char* data = nullptr;
+          int64_t nbytes = 0;
+          TF_RETURN_IF_ERROR(host_bytes(xs[i], &buf, &data, &nbytes));
           uint64_t lo, hi;
-          digest_bytes(bytes.data(), static_cast<int64_t>(bytes.size()), nullptr, &lo, &hi);
+          digest_bytes(data, nbytes, nullptr, &lo, &hi);
           d.data = lo;
           d.nbytes = hi;
           d.nparts = ~uint64_t{0};
         } else {
+          const auto bytes = xs[i].tensor_data();
           d.data = reinterpret_cast<uint64_t>(bytes.data());
           d.nbytes = bytes.size();
           const uint64_t words = (d.nbytes + 7) / 8;
@@ -834,7 +871,7 @@ REGISTER_OP("NddebugDigest")
       c->set_output(0, c->Matrix(c->num_inputs() - 1, 2));
       return tensorflow::OkStatus();
     })
-    .Doc("nddebug-wsum64x2-v1 digest of each input, as int64 [n, 2]; zeros when gate is 0.");
+    .Doc("nddebug-wsum64x2-v2 digest of each input, as int64 [n, 2]; zeros when gate is 0.");
 
 REGISTER_OP("NddebugRecord")
     .Input("digests: N * int64")

@@ -22,7 +22,10 @@ from nddebug.tracer.registry import REGISTRY, inside_nddebug
 def digest_host(array: np.ndarray) -> dg.Digest:
     """A host array's digest: by the native code in place when it is loaded, else NumPy."""
     lib = native.load() if native.enabled() else None
-    if lib is not None and array.dtype != object:
+    array = np.asarray(array)  # a scalar string tensor's numpy() is a bytes object
+    if dg.is_strings(array):
+        array = dg.string_bytes(array)
+    if lib is not None:
         return lib.digest_array(array)
     return dg.digest_numpy(array)
 
@@ -187,8 +190,9 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     capture = bool(rec.capture and key in rec.capture)
     if capture:
         for slot, t in enumerate(out_tensors):
-            if out_digests[slot] is not None:
-                rec.recording.values[f"{seq}:{slot}"] = np.array(t.numpy())
+            value = ops.kept_value(t.numpy()) if out_digests[slot] is not None else None
+            if value is not None:
+                rec.recording.values[f"{seq}:{slot}"] = value
     if k_rerun and not blocker:
         ev.reruns = rerun.rerun_eager(rec, op_type, inputs, attrs, out_tensors, ev, capture)
     rec.append(ev, call_device=rec.recording.ops[op_id].device if function else None)
@@ -243,7 +247,10 @@ def record_return(rec: Any, value: Any) -> None:
                 array = np.asarray(item.numpy() if hasattr(item, "numpy") else item)
             except Exception:  # noqa: BLE001 - not a value we can read: said, not compared
                 array = None
-            if array is None or array.dtype == object:
+            if array is None or (
+                array.dtype == object
+                and not all(isinstance(x, (bytes, str)) for x in array.reshape(-1))
+            ):
                 digests.append(None)
                 shapes.append([])
                 dtypes.append(type(item).__name__)
@@ -289,6 +296,7 @@ def record_variables(rec: Any, variables: list[Any]) -> None:
             )
             seq = rec.next_seq()
             ev = Event(seq, op_id, seq, [_digest(rec, value)], [], [list(value.shape)])
-            if rec.capture and key in rec.capture:
-                rec.recording.values[f"{seq}:0"] = np.array(value.numpy())
+            kept = ops.kept_value(value.numpy()) if rec.capture and key in rec.capture else None
+            if kept is not None:
+                rec.recording.values[f"{seq}:0"] = kept
             rec.append(ev)

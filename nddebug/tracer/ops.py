@@ -111,6 +111,15 @@ def interesting_attrs(attrs: Any) -> dict[str, Any]:
     return out
 
 
+def kept_value(value: Any) -> Any:
+    """An output's value as a recording keeps it to measure a difference (a NumPy array), or
+    None for strings: their difference has no size, and a file stores no Python objects."""
+    import numpy as np
+
+    array = np.array(value)
+    return None if array.dtype.kind in "OSU" else array
+
+
 def warn_once(recording: Recording, message: str) -> None:
     if message not in recording.warnings:
         recording.warnings.append(message)

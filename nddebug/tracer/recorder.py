@@ -350,7 +350,9 @@ class Recorder:
             ev.reruns = rerun.device_digests(op, ev, slots, k, values, kept)
         else:
             for slot, value in zip(slots, values, strict=False):
-                kept[f"{ev.seq}:{slot}"] = np.array(value)
+                array = ops.kept_value(value)
+                if array is not None:
+                    kept[f"{ev.seq}:{slot}"] = array
         with self.lock:
             self.recording.values.update(kept)
         self._add([ev], {op_id: op})

@@ -14,6 +14,7 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug.recording import Event, OpInfo
+from nddebug.tracer import ops
 from nddebug.tracer.registry import REGISTRY
 
 _WORD = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
@@ -51,9 +52,10 @@ def rerun_eager(
     for slot, digest in enumerate(ev.digests):
         if digest is None or not (capture or any(r[slot] != digest for r in reruns)):
             continue
-        rec.recording.values[f"{ev.seq}:{slot}"] = np.array(outputs[slot].numpy())
-        for j, again in enumerate(results, start=1):
-            rec.recording.values[f"{ev.seq}:{slot}@{j}"] = np.array(again[slot].numpy())
+        for j, t in enumerate([outputs[slot], *(again[slot] for again in results)]):
+            value = ops.kept_value(t.numpy())
+            if value is not None:
+                rec.recording.values[f"{ev.seq}:{slot}" + (f"@{j}" if j else "")] = value
     return reruns
 
 
@@ -154,9 +156,10 @@ def host_digests(
                 reruns[j][slot] = d
                 continue
             reruns[j][slot] = dg.digest_numpy(copy)
-            kept[f"{ev.seq}:{slot}"] = np.array(original)  # the buffers are TensorFlow's
-            for m, c in enumerate(copies, start=1):
-                kept[f"{ev.seq}:{slot}@{m}"] = np.array(c)
+            for m, c in enumerate([original, *copies]):  # the buffers are TensorFlow's
+                value = ops.kept_value(c)
+                if value is not None:
+                    kept[f"{ev.seq}:{slot}" + (f"@{m}" if m else "")] = value
     if k:
         ev.reruns = reruns
 
@@ -166,6 +169,8 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if a.dtype.itemsize == 0 or not a.size:
         return True
+    if dg.is_strings(a):
+        return bool(np.array_equal(a, b))
     return bool(
         np.array_equal(
             np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
