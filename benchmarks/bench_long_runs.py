@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._common import RESULTS_DIR, ROOT, machine, source_state
+from nddebug import digest as dg
 from nddebug import storage
 from nddebug.recording import Event, OpInfo, Recording
 
@@ -206,7 +207,7 @@ def write_synthetic(path: str, n: int, differ_at: int | None, label: str) -> dic
     """A run of ``n`` executions through RunWriter, a chunk per append."""
     t = _template()
     rng = np.random.default_rng(1)  # the same digests in every run
-    rec = Recording(label=label, digest_algorithm="nddebug-wsum64x2-v1")
+    rec = Recording(label=label, digest_algorithm=dg.ALGORITHM)
     variables: list[tuple[int, int]] = [(k, 0) for k in range(21)]
     seq = 0
     t0 = time.perf_counter()

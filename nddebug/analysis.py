@@ -308,7 +308,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             if len(set(outs)) == 1:
                 if not (_unreadable(per_run_units[0][u]) and len(set(ins)) > 1):
                     continue
-                # Nothing it output can be read (strings, variants) but its inputs differed:
+                # Nothing it output can be read (resources, variants) but its inputs differed:
                 # what it passed on cannot be compared, so it is a finding, not silence.
                 unreadable.add(key)
                 differing_runs.update(r for r, i in enumerate(ins) if i != ins[0])
@@ -377,8 +377,9 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
         if f.key in unreadable and f.role == "propagated":
             f.explanation = (
-                "its inputs differed and its outputs could not be compared (strings or other "
-                "values nddebug cannot read): whatever it passed on is not seen"
+                "its inputs differed and its outputs could not be compared (resources, "
+                "variants such as datasets and lists, or values the kernel left undefined): "
+                "whatever it passed on is not seen"
             )
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(

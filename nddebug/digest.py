@@ -70,6 +70,16 @@ def _row_weights_np(rows: np.ndarray, stream: int) -> np.ndarray:
     return h | np.int64(1)
 
 
+def host_array(value: Any) -> np.ndarray:
+    """A host value as an array to digest. A scalar string tensor's ``numpy()`` is a bytes
+    object: it becomes an object array, since a NumPy bytes array ("S") drops trailing NULs."""
+    if isinstance(value, (bytes, str)):
+        array = np.empty((), dtype=object)
+        array[()] = value
+        return array
+    return np.asarray(value)
+
+
 def is_strings(array: np.ndarray) -> bool:
     """Whether a host array holds strings (a TF string tensor's ``numpy()`` is an object array
     of bytes)."""

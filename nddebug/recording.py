@@ -64,7 +64,7 @@ class OpInfo:
     location: str  # "file:line (function)" in the user's code
     dtypes: list[str]  # per output
     shapes: list[list[int | None] | None]  # static shape per output (None: unknown rank)
-    digestible: list[bool]  # per output: False for string/resource/variant outputs
+    digestible: list[bool]  # per output: False for resource/variant and undefined outputs
     stateful: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
     note: str = ""  # e.g. "value of the variable after this update"

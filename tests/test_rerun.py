@@ -179,6 +179,35 @@ def test_device_path_compares_in_the_graph(monkeypatch) -> None:
     assert len(crop.reruns) == 8
 
 
+def test_device_path_compares_strings(monkeypatch) -> None:
+    """String outputs on the device path (a GPU's): a copy's strings may have other lengths,
+    so they are compared by digest; equal copies are no finding."""
+    from nddebug.tracer import rerun
+
+    monkeypatch.setattr(rerun, "on_host", lambda device: False)
+
+    @tf.function
+    def step(x):
+        words = tf.strings.as_string(x * 3.0)
+        return tf.strings.length(tf.strings.join([words, "!"]))
+
+    report = nddebug.check(step, tf.range(5.0), mode="rerun", rerun=3, advance=False)
+    assert report.ok, str(report)
+    rec = report.recordings[0]
+    joined = next(ev for ev in rec.events if rec.ops[ev.op_id].op_type == "StringJoin")
+    assert joined.digests[0] is not None and len(joined.reruns) == 3
+
+    def noise(n: np.ndarray) -> np.ndarray:  # words of another length on every call
+        return np.array([b"x" * int(k) for k in np.random.randint(1, 50, size=n)], dtype=object)
+
+    @tf.function
+    def noisy(n):
+        return tf.strings.length(tf.numpy_function(noise, [n], tf.string, stateful=False))
+
+    report = nddebug.check(noisy, tf.constant(4), mode="rerun", rerun=3, advance=False)
+    assert list(report.sources["op_type"]) == ["PyFuncStateless"], str(report)
+
+
 def _crop_into_biased_conv_step(boxes: int = 1024, crop: int = 14) -> tuple[Any, tuple, list]:
     """The detection step with a bias on the backbone convolution: the racing crop gradient
     flows through ReluGrad into both BiasAddGrad and Conv2DBackpropFilter, which read the same

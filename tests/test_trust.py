@@ -230,6 +230,21 @@ def test_outputs_a_kernel_leaves_undefined_are_not_a_source(name: str) -> None:
     assert any("not compared" in n and "undefined" in n for n in notes), notes
 
 
+def test_undefined_outputs_of_eager_ops_in_rerun_mode() -> None:
+    """Eagerly, in rerun mode, Svd without compute_uv is re-executed like any stateless op,
+    and its undefined outputs are compared in none of its executions."""
+    x = tf.constant(np.random.RandomState(2).rand(5, 5))
+    with nddebug.trace(rerun=3) as rec:
+        tf.norm(x, ord=2, axis=[-2, -1])
+    (ev,) = [e for e in rec.events if rec.ops[e.op_id].op_type == "Svd"]
+    op = rec.ops[ev.op_id]
+    assert op.rerun == "" and "undefined" in op.note, (op.rerun, op.note)
+    assert ev.digests[1:] == [None, None] and ev.reruns and len(ev.reruns) == 3
+    assert all(again == ev.digests for again in ev.reruns)
+    report = nddebug.check(lambda: tf.norm(x, ord=2, axis=[-2, -1]), mode="rerun", rerun=3)
+    assert report.ok, str(report)
+
+
 def test_the_undefined_outputs_table_is_checked() -> None:
     from nddebug.tracer import undefined
 

@@ -22,7 +22,7 @@ from nddebug.tracer.registry import REGISTRY, inside_nddebug
 def digest_host(array: np.ndarray) -> dg.Digest:
     """A host array's digest: by the native code in place when it is loaded, else NumPy."""
     lib = native.load() if native.enabled() else None
-    array = np.asarray(array)  # a scalar string tensor's numpy() is a bytes object
+    array = dg.host_array(array)
     if dg.is_strings(array):
         array = dg.string_bytes(array)
     if lib is not None:
@@ -130,7 +130,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             note = "value of the variable after this update"
     if not out_tensors and not in_digests:
         return
-    at, why = undefined.undefined_outputs(op_type, attrs) if not note else ((), "")
+    after_write = bool(note)  # the output is a variable's value after this op wrote it
+    at, why = undefined.undefined_outputs(op_type, attrs) if not after_write else ((), "")
     if at:
         note = why  # left undefined by the kernel: not digested (see tracer.undefined)
         for i in at:
@@ -142,7 +143,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     blocker = ""
     k_rerun = rec.rerun_for(key)
     if k_rerun:
-        blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, bool(note))
+        blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, after_write)
     op_id = rec.eager_sites.get(key)
     if op_id is None:
         op_id = REGISTRY.new_id()
@@ -244,7 +245,7 @@ def record_return(rec: Any, value: Any) -> None:
         device = next((t.device for t in flat if getattr(t, "device", "")), "") or "/device:CPU:0"
         for item in flat:
             try:
-                array = np.asarray(item.numpy() if hasattr(item, "numpy") else item)
+                array = dg.host_array(item.numpy() if hasattr(item, "numpy") else item)
             except Exception:  # noqa: BLE001 - not a value we can read: said, not compared
                 array = None
             if array is None or (

@@ -457,7 +457,9 @@ class _OpList(list):
     """The automatic-control-dependency manager's list of independent ops, with a set beside
     it: when the graph is complete the manager asks, for every op of the graph, whether it is
     in that list, and with a record per op a list makes that quadratic (~60 ms of a
-    1,900-op step's first call)."""
+    1,900-op step's first call). TensorFlow 2.21 only appends to it and asks membership (an
+    Operation compares by identity); every other change rebuilds the set, so it cannot go
+    stale under another TensorFlow."""
 
     def __init__(self, items: Any = ()) -> None:
         super().__init__(items)
@@ -469,6 +471,31 @@ class _OpList(list):
 
     def __contains__(self, op: object) -> bool:
         return id(op) in self._ids
+
+
+def _rebuilding(name: str) -> Any:
+    """A list method of _OpList that rebuilds the id set after the change."""
+    method = getattr(list, name)
+
+    def change(self: _OpList, *args: Any, **kwargs: Any) -> Any:
+        out = method(self, *args, **kwargs)
+        self._ids = {id(x) for x in self}
+        return self if name == "__iadd__" else out
+
+    return change
+
+
+for _name in (
+    "extend",
+    "insert",
+    "remove",
+    "pop",
+    "clear",
+    "__iadd__",
+    "__setitem__",
+    "__delitem__",
+):
+    setattr(_OpList, _name, _rebuilding(_name))
 
 
 _NEVER_FORWARDED = frozenset({"Placeholder", "Const"})

@@ -48,7 +48,13 @@ def rerun_eager(
                 op_type, len(outputs), list(inputs), flat, context.context()
             )
             results.append(again)
-            reruns.append([digest_eager_tensor(t) for t in again])
+            # Only the outputs the original has a digest of (none of an undefined output).
+            reruns.append(
+                [
+                    digest_eager_tensor(t) if d is not None else None
+                    for t, d in zip(again, ev.digests, strict=False)
+                ]
+            )
     for slot, digest in enumerate(ev.digests):
         if digest is None or not (capture or any(r[slot] != digest for r in reruns)):
             continue
@@ -130,13 +136,21 @@ def device_payload(original: Any, copies: list[Any]) -> list[Any]:
         def bits(t: Any) -> Any:
             return tf.bitcast(t, word) if word and t.dtype != word else dg.byte_view(t)
 
-        a = bits(original)
-        differs = [tf.reduce_any(tf.not_equal(a, bits(c))) for c in copies]
+        if original.dtype == tf.string:
+            # Copies' strings may have other lengths: compare digests, not byte views.
+            mine = dg.build_digest(original, False)
+            differs = [
+                tf.reduce_any(tf.not_equal(mine, dg.build_digest(c, False))) for c in copies
+            ]
+        else:
+            a = bits(original)
+            differs = [tf.reduce_any(tf.not_equal(a, bits(c))) for c in copies]
         raw = [dg.byte_view(t) for t in (original, *copies)]
-        length = tf.size(raw[0])
         any_differs = tf.cast(tf.reduce_any(tf.stack(differs)), tf.int32)
-        out = [raw[0][: length * any_differs]]
-        out += [r[: length * tf.cast(d, tf.int32)] for r, d in zip(raw[1:], differs, strict=True)]
+        out = [raw[0][: tf.size(raw[0]) * any_differs]]
+        out += [
+            r[: tf.size(r) * tf.cast(d, tf.int32)] for r, d in zip(raw[1:], differs, strict=True)
+        ]
     return out
 
 
@@ -196,12 +210,16 @@ def device_digests(
         original, *copies = payload[i * (k + 1) : (i + 1) * (k + 1)]
         if not original.size:
             continue  # every copy equalled the original
-        dtype = tf.as_dtype(op.dtypes[slot]).as_numpy_dtype
-        kept[f"{ev.seq}:{slot}"] = np.frombuffer(original.tobytes(), dtype)
+        dtype = np.dtype(tf.as_dtype(op.dtypes[slot]).as_numpy_dtype)
+        # A string output's payload is its digest's bytes (string_bytes): digested, not kept.
+        keep = dtype.kind not in "OSU"
+        if keep:
+            kept[f"{ev.seq}:{slot}"] = np.frombuffer(original.tobytes(), dtype)
         for j, data in enumerate(copies, start=1):
             if data.size:
                 reruns[j - 1][slot] = dg.digest_numpy(data)
-                kept[f"{ev.seq}:{slot}@{j}"] = np.frombuffer(data.tobytes(), dtype)
-            else:
+                if keep:
+                    kept[f"{ev.seq}:{slot}@{j}"] = np.frombuffer(data.tobytes(), dtype)
+            elif keep:
                 kept[f"{ev.seq}:{slot}@{j}"] = kept[f"{ev.seq}:{slot}"]
     return reruns
