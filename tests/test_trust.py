@@ -4,6 +4,7 @@ was not compared, and no false source in a training loop or through a container.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -470,6 +471,16 @@ def test_trace_records_only_its_own_thread() -> None:
 
 
 # ----------------------------------------------------------------- what is compared, more
+def _compared_at_one_and_two(step: Any) -> nddebug.Report:
+    """``step`` traced on the inputs 1 and 2, the two recordings compared."""
+    recs = []
+    for n in (1, 2):
+        with nddebug.trace() as rec:
+            step(tf.constant(n))
+        recs.append(rec)
+    return nddebug.compare(recs)
+
+
 def test_unreadable_outputs_with_differing_inputs_are_a_finding() -> None:
     """A dataset made in the step (a variant) cannot be digested; its input differed: the
     report must not be reproducible, and the op says what it could not compare."""
@@ -478,12 +489,7 @@ def test_unreadable_outputs_with_differing_inputs_are_a_finding() -> None:
     def step(n):
         return tf.data.Dataset.from_tensors(n * 2).reduce(tf.constant(0), lambda a, x: a + x)
 
-    recs = []
-    for n in (1, 2):
-        with nddebug.trace() as rec:
-            step(tf.constant(n))
-        recs.append(rec)
-    report = nddebug.compare(recs)
+    report = _compared_at_one_and_two(step)
     assert not report.ok
     row = report.culprits[report.culprits["op_type"] == "TensorDataset"]
     assert len(row) == 1 and "could not be compared" in row["explanation"].iloc[0]
@@ -498,12 +504,7 @@ def test_strings_are_compared() -> None:
     def step(n):
         return tf.strings.join([tf.strings.as_string(n * 2), "x"])
 
-    recs = []
-    for n in (1, 2):
-        with nddebug.trace() as rec:
-            step(tf.constant(n))
-        recs.append(rec)
-    report = nddebug.compare(recs)
+    report = _compared_at_one_and_two(step)
     assert not report.ok
     assert {"AsString", "StringJoin"} <= set(report.culprits["op_type"])
     assert "could not be compared" not in " ".join(report.culprits["explanation"])
