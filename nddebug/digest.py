@@ -80,10 +80,10 @@ def host_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def is_strings(array: np.ndarray) -> bool:
-    """Whether a host array holds strings (a TF string tensor's ``numpy()`` is an object array
-    of bytes)."""
-    return array.dtype.kind in "OSU"
+def is_strings(x: Any) -> bool:
+    """Whether a host array (or a NumPy dtype) holds strings: a TF string tensor's ``numpy()``
+    is an object array of bytes."""
+    return np.dtype(getattr(x, "dtype", x)).kind in "OSU"
 
 
 def string_bytes(array: Any) -> np.ndarray:
@@ -100,10 +100,16 @@ def string_bytes(array: Any) -> np.ndarray:
     return np.frombuffer(head + b"".join(items), dtype=np.uint8)
 
 
+def read_as(value: Any) -> np.ndarray:
+    """The contiguous array whose bytes a host value's digest reads: its own, or for strings
+    :func:`string_bytes` (a TypeError for an object array that holds anything else)."""
+    a = host_array(value)
+    return string_bytes(a) if is_strings(a) else np.ascontiguousarray(a)
+
+
 def words_of(array: np.ndarray) -> np.ndarray:
     """The int64 words the digest is defined over (zero-copy when the bytes allow it)."""
-    a = np.asarray(array)
-    a = string_bytes(a) if is_strings(a) else np.ascontiguousarray(a)
+    a = read_as(array)
     if a.dtype == np.bool_:
         a = a.view(np.uint8)
     flat = a.reshape(-1).view(np.uint8)
@@ -144,8 +150,7 @@ def digest_numpy(array: Any) -> tuple[int, int]:
     """Digest of a host array: the reference the TF kernels must match bit for bit, and the
     path for eager tensors that already live in host memory. Reads the array in slices, so a
     512 MiB tensor needs a few MiB more, not copies of itself."""
-    a = np.asarray(array)
-    a = string_bytes(a) if is_strings(a) else np.ascontiguousarray(a)
+    a = read_as(array)
     n, words = _word_reader(a)
     rows, rest = divmod(n, BLOCK)
     out = []

@@ -167,8 +167,13 @@ def test_device_path_compares_in_the_graph(monkeypatch) -> None:
 
     monkeypatch.setattr(rerun, "on_host", lambda device: False)
     step, args, state = make_step()
-    # 8 copies: with 3 the race stayed hidden in about 1 check in 25 (2 of 52 measured).
-    report = nddebug.check(step, *args, mode="rerun", rerun=8, state=state, advance=False)
+    # A check whose copies all ran without the race sees nothing (measured: 2 of 52 checks
+    # with 3 copies, 1 of about 60 with 8, the copies of one check hiding it together): up to
+    # four checks, the first that shows it is asserted on.
+    for _ in range(4):
+        report = nddebug.check(step, *args, mode="rerun", rerun=8, state=state, advance=False)
+        if not report.culprits.empty:
+            break
     assert list(report.culprits["op_type"]) == ["CropAndResizeGradImage"], str(report)
     row = report.sources.iloc[0]
     assert row["max_abs_diff"] > 0 and row["distinct_outputs"] >= 2

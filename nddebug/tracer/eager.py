@@ -22,11 +22,8 @@ from nddebug.tracer.registry import REGISTRY, inside_nddebug
 def digest_host(array: np.ndarray) -> dg.Digest:
     """A host array's digest: by the native code in place when it is loaded, else NumPy."""
     lib = native.load() if native.enabled() else None
-    array = dg.host_array(array)
-    if dg.is_strings(array):
-        array = dg.string_bytes(array)
     if lib is not None:
-        return lib.digest_array(array)
+        return lib.digest_array(dg.read_as(array))
     return dg.digest_numpy(array)
 
 
@@ -246,17 +243,14 @@ def record_return(rec: Any, value: Any) -> None:
         for item in flat:
             try:
                 array = dg.host_array(item.numpy() if hasattr(item, "numpy") else item)
-            except Exception:  # noqa: BLE001 - not a value we can read: said, not compared
-                array = None
-            if array is None or (
-                array.dtype == object
-                and not all(isinstance(x, (bytes, str)) for x in array.reshape(-1))
-            ):
+                digest = digest_host(array)
+            except Exception:  # noqa: BLE001 - not a value we can read (objects other than
+                # strings: a TypeError from the digest): said, not compared
                 digests.append(None)
                 shapes.append([])
                 dtypes.append(type(item).__name__)
                 continue
-            digests.append(digest_host(array))
+            digests.append(digest)
             shapes.append(list(array.shape))
             dtypes.append(str(array.dtype))
         if not flat:

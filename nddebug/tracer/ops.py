@@ -7,6 +7,7 @@ import functools
 import re
 from typing import Any
 
+from nddebug import digest as dg
 from nddebug.recording import CALL_OPS, RERUN_INNER, Recording
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
@@ -117,7 +118,7 @@ def kept_value(value: Any) -> Any:
     import numpy as np
 
     array = np.array(value)
-    return None if array.dtype.kind in "OSU" else array
+    return None if dg.is_strings(array) else array
 
 
 def warn_once(recording: Recording, message: str) -> None:

@@ -212,7 +212,7 @@ def device_digests(
             continue  # every copy equalled the original
         dtype = np.dtype(tf.as_dtype(op.dtypes[slot]).as_numpy_dtype)
         # A string output's payload is its digest's bytes (string_bytes): digested, not kept.
-        keep = dtype.kind not in "OSU"
+        keep = not dg.is_strings(dtype)
         if keep:
             kept[f"{ev.seq}:{slot}"] = np.frombuffer(original.tobytes(), dtype)
         for j, data in enumerate(copies, start=1):
