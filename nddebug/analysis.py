@@ -105,9 +105,15 @@ def _identity(ev: Event) -> Any:
     return tuple(ev.digests), shapes
 
 
-def _unreadable(ev: Event) -> bool:
-    """Whether the execution had outputs and none of them could be digested."""
-    return bool(ev.digests) and all(d is None for d in ev.digests)
+def _unreadable(ev: Event, op: OpInfo) -> bool:
+    """Whether nothing the execution output could be digested: its outputs are resources,
+    variants or values the kernel left undefined; or it has none and writes state (a table's
+    insert, a queue's enqueue), so its inputs are all that shows what it wrote. (A call with
+    no outputs is not: the ops inside it are recorded, and some of its inputs, such as a
+    collective's instance keys, change on every call by design.)"""
+    if not ev.digests:
+        return bool(op.resource)
+    return all(d is None for d in ev.digests)
 
 
 def _event_inputs(ev: Event) -> Any:
@@ -306,7 +312,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             outs = [_identity(pu[u]) for pu in per_run_units]
             ins = [_event_inputs(pu[u]) for pu in per_run_units]
             if len(set(outs)) == 1:
-                if not (_unreadable(per_run_units[0][u]) and len(set(ins)) > 1):
+                if not (_unreadable(per_run_units[0][u], op) and len(set(ins)) > 1):
                     continue
                 # Nothing it output can be read (resources, variants) but its inputs differed:
                 # what it passed on cannot be compared, so it is a finding, not silence.
@@ -377,9 +383,10 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
         if f.key in unreadable and f.role == "propagated":
             f.explanation = (
-                "its inputs differed and its outputs could not be compared (resources, "
-                "variants such as datasets and lists, or values the kernel left undefined): "
-                "whatever it passed on is not seen"
+                "its inputs differed and what it output could not be compared (resources, "
+                "variants such as datasets and lists, values the kernel left undefined, or "
+                "no output: it writes state such as a table or a queue): whatever it passed "
+                "on is not seen"
             )
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
@@ -648,6 +655,11 @@ def _explain(f: OpFinding, device: str = "") -> None:
             f.explanation = "a call, loop or branch: it returns what the ops inside it computed"
         elif op.op_type == "ReadVariableOp":
             f.explanation = "reads a variable that a divergent update wrote"
+        elif op.resource:
+            f.explanation = (
+                "reads or writes state (a variable, a table, a queue) that an op above "
+                "changed, or one of its inputs differs"
+            )
         else:
             f.explanation = "differs because one of its inputs differs"
         return
@@ -721,6 +733,14 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.explanation = (
             "the variable already held a different value when it was read: state carried over "
             "between runs, or changed outside the traced block"
+        )
+    elif op.resource:
+        f.kind = "other"
+        f.explanation = (
+            "its tensor inputs were identical, but it also reads state through a resource "
+            "handle (a variable, a lookup table, a queue), which nddebug compares only through "
+            "the ops that fill it: that state already held different contents when it was "
+            "read (carried over between runs, or built or changed outside the traced block)"
         )
     else:
         f.kind = "numerical"

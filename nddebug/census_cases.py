@@ -1345,6 +1345,45 @@ for _op, _api in (
     )
 
 
+def _lookup(op: str) -> Callable:
+    """A fixed table read with the same keys: the kernel returns what the table holds (a
+    table built in another order is what differs between runs: the knowledge base's entry)."""
+
+    def build(rng: np.random.Generator) -> Program:
+        tf = _tf()
+        n = 100_000
+        keys = tf.constant([f"k{i}" for i in range(n)])
+        table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, -1)
+        table.insert(keys, tf.range(n, dtype=tf.int64))
+        picked = tf.constant(keys.numpy()[rng.integers(0, n, 10_000)])
+        if op == "LookupTableExportV2":
+            return Program(lambda: table.export())
+        if op == "LookupTableSizeV2":
+            return Program(lambda: table.size())
+        return Program(lambda: table.lookup(picked))
+
+    return build
+
+
+for _op in ("LookupTableFindV2", "LookupTableExportV2", "LookupTableSizeV2"):
+    _add(
+        _op,
+        "forward",
+        "tf.lookup (Keras StringLookup)",
+        {"1e5 keys": _lookup(_op)},
+        dtype="int64",
+        kind="other",
+        devices=("CPU",),
+    )
+for _op in ("LookupTableFind", "LookupTableExport", "LookupTableSize"):
+    _skip(
+        _op,
+        "tf.compat.v1 lookup tables (reference handles)",
+        "TF1 reference tables only; the same kernel as its V2 op, which is measured",
+        kind="other",
+    )
+
+
 def _iterator(op: str) -> Callable:
     """A seeded pipeline with a parallel map that may reorder (``deterministic=False``), which op
     determinism forces into order. (An unseeded shuffle would only show that op determinism

@@ -10,6 +10,7 @@ from typing import Any
 from nddebug import state as st
 from nddebug.recording import Recording
 from nddebug.report import Report
+from nddebug.tracer.ops import reads_or_writes_variable
 
 
 def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
@@ -178,7 +179,13 @@ def check(
                 f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
             )
         warnings.extend(w for w in warm.warnings if w not in warnings)
-        if mode == "repeat" and state is None and any(op.resource for op in warm.ops.values()):
+        if (
+            mode == "repeat"
+            and state is None
+            and any(
+                op.resource and reads_or_writes_variable(op.op_type) for op in warm.ops.values()
+            )
+        ):
             warnings.append(
                 "The step reads or updates variables but no state= was given: every repeat "
                 "starts from whatever the previous one left. Pass the model, optimizer or "

@@ -70,7 +70,9 @@ _ENUMS: dict[str, tuple[str, ...]] = {
 _REQUIRED_TEXT = ("api", "mechanism", "fixed_in", "fix")
 _REQUIRED = frozenset({"op_types", "sources", *_ENUMS, *_REQUIRED_TEXT})
 _OPTIONAL_TEXT = ("measured", "topic", "condition", "sources_disagree")
-_OPTIONAL = frozenset({*_OPTIONAL_TEXT, "measured_gpu", "integer_outputs_exact"})
+_OPTIONAL = frozenset(
+    {*_OPTIONAL_TEXT, "measured_gpu", "integer_outputs_exact", "deterministic_kernel"}
+)
 _TOP_LEVEL = frozenset({"schema_version", "sources", "measurements", "advice", "culprit"})
 #: Fields of a [measurements.NAME] table: the setup a GPU measurement was made on.
 _SETUP_FIELDS = ("device", "tf", "cudnn", "cuda", "method")
@@ -122,6 +124,9 @@ class Culprit:
     #: execution whose outputs are all integers or booleans is exact in any order: counts of
     #: an unweighted tf.math.bincount (a ragged reduce_mean's row lengths) do not vary.
     integer_outputs_exact: bool = False
+    #: The kernel is deterministic: what varies is the state it reads (a lookup table built
+    #: in another order), so a census of the op on fixed state measures it deterministic.
+    deterministic_kernel: bool = False
 
     @property
     def label(self) -> str:
@@ -286,8 +291,10 @@ def _entry(
         )
 
     exact = entry.get("integer_outputs_exact", False)
-    if not isinstance(exact, bool):
-        raise ValueError(f"{where}: integer_outputs_exact must be true or false")  # noqa: TRY004
+    kernel = entry.get("deterministic_kernel", False)
+    for name, value in (("integer_outputs_exact", exact), ("deterministic_kernel", kernel)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {name} must be true or false")  # noqa: TRY004
     measured_gpu = None
     if "measured_gpu" in entry:
         measured_gpu = _measured_gpu(entry["measured_gpu"], entry["device"], setups, where)
@@ -309,6 +316,7 @@ def _entry(
         condition=entry.get("condition", ""),
         sources_disagree=entry.get("sources_disagree", ""),
         integer_outputs_exact=exact,
+        deterministic_kernel=kernel,
     )
 
 

@@ -68,7 +68,9 @@ class OpInfo:
     stateful: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
     note: str = ""  # e.g. "value of the variable after this update"
-    resource: str = ""  # the variable an op reads or writes (ReadVariableOp, updates)
+    # The state an op reads or writes through a resource handle: a variable (ReadVariableOp,
+    # updates, ResourceGather), a lookup table, a queue, an iterator, a random generator.
+    resource: str = ""
     # For a tf.function call: "instrumented", or one of OPAQUE ("uninstrumented", "xla").
     function: str = ""
     # For an opaque call: the variables whose values after the call fill its last output

@@ -163,6 +163,14 @@ def test_catalogue_covers_every_op_type_of_the_knowledge_base() -> None:
             "listed non-deterministic, measured deterministic here",
         ),
         ("XlaLaunch", "CPU", {"determinism": "off", "error": "not measured: XLA"}, "not measured"),
+        # A deterministic kernel whose state varies: fixed state gives fixed output.
+        ("LookupTableFindV2", "CPU", {"determinism": "off", "deterministic": True}, "agrees"),
+        (
+            "LookupTableFindV2",
+            "CPU",
+            {"determinism": "on", "deterministic": False},
+            "listed deterministic, measured non-deterministic",
+        ),
     ],
 )
 def test_agreement_with_the_knowledge_base(op_type, device, row, expected) -> None:

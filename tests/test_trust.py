@@ -322,6 +322,104 @@ def test_tensor_array_carries_but_is_not_a_source() -> None:
     assert len(containers) and set(containers["role"]) == {"propagated"}
 
 
+def _lookup_runs(orders: list[list[str]], eager: bool) -> nddebug.Report:
+    """One traced lookup step per vocabulary order, each with its own StringLookup built
+    before the block (as a script builds it, from a set whose order PYTHONHASHSEED sets)."""
+    import keras
+
+    words = tf.constant(["w3", "w17", "w5", "w30", "w8"])
+    recs = []
+    for vocab in orders:
+        lookup = keras.layers.StringLookup(vocabulary=vocab, name="words")
+
+        def step(lookup=lookup):
+            return tf.cast(lookup(words), tf.float32) * 2.0
+
+        with nddebug.trace() as rec:
+            (step if eager else tf.function(step))()
+        recs.append(rec)
+    return nddebug.compare(recs)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_lookup_table_built_in_another_order_is_state_not_a_kernel(eager: bool) -> None:
+    """The table's contents differ (a vocabulary in another order), not the lookup kernel:
+    the lookup is named with the table as the reason and the vocabulary advice; before, it
+    was 'same inputs, different output: the kernel itself is non-deterministic'. The same
+    vocabulary order in both runs is reproducible."""
+    vocab = [f"w{i}" for i in range(40)]
+    report = _lookup_runs([vocab, vocab[::-1]], eager)
+    assert not report.ok
+    sources = report.sources
+    assert list(sources["op_type"]) == ["LookupTableFindV2"], sources
+    row = sources.iloc[0]
+    assert row["kind"] == "other"
+    assert "non-deterministic" not in row["explanation"]
+    assert "vocabulary" in row["explanation"] and "sorted" in row["fix"]
+    assert _lookup_runs([vocab, list(vocab)], eager).ok
+
+
+@pytest.mark.parametrize("noisy", [True, False])
+def test_a_lookup_after_a_divergent_insert_is_not_a_source(noisy: bool) -> None:
+    """A mutable table filled in the step from values that differ: the insert has no output
+    to digest, but its inputs differed, so it is a finding, and the lookup after it only
+    carries what it wrote. Filled from the same values, the step is reproducible."""
+    keys = tf.constant(["a", "b", "c", "d"])
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.float32, -1.0)
+
+    @tf.function
+    def step():
+        values = (
+            tf.random.uniform([4])  # a stateful op: each call draws anew
+            if noisy
+            else tf.random.stateless_uniform([4], seed=[3, 4])
+        )
+        table.insert(keys, values)
+        return table.lookup(keys) * 3.0
+
+    recs = []
+    for _ in range(2):
+        with nddebug.trace() as rec:
+            step()
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    if not noisy:
+        assert report.ok, report.culprits
+        return
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+    rows = report.culprits.set_index("op_type")
+    assert rows.loc["LookupTableInsertV2", "role"] == "propagated"
+    assert rows.loc["LookupTableFindV2", "role"] == "propagated"
+
+
+def test_a_variable_gathered_after_a_divergent_update_in_a_loop_is_not_a_source() -> None:
+    """An embedding read with ResourceGather in the loop iteration after a scatter update
+    that differed: the gather reads what the update wrote, its only tensor input (the ids)
+    being identical. Before, it was named a second source."""
+    ids = tf.constant([1, 3, 5])
+    table = tf.Variable(tf.zeros([10, 4]))
+
+    @tf.function
+    def step():
+        e = tf.zeros([3, 4])
+        for _ in tf.range(3):
+            e = tf.nn.embedding_lookup(table, ids) * 2.0
+            noise = tf.random.uniform([3, 4])  # a stateful op: each call draws anew
+            table.scatter_add(tf.IndexedSlices(noise + e, ids))
+        return e
+
+    recs = []
+    for _ in range(2):
+        table.assign(tf.zeros([10, 4]))
+        with nddebug.trace() as rec:
+            step()
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+    gathers = report.culprits[report.culprits["op_type"] == "ResourceGather"]
+    assert len(gathers) and set(gathers["role"]) == {"propagated"}
+
+
 # ----------------------------------------------------------------- what the user passes
 def _variable_step() -> tuple[object, tf.Variable, tf.Variable]:
     v = tf.Variable(tf.ones([4]))

@@ -75,9 +75,8 @@ def _digest(rec: Any, tensor: Any) -> dg.Digest | None:
 
 
 def _resource(op_type: str, inputs: Any) -> str:
-    if not inputs or not ops.reads_or_writes_variable(op_type):
-        return ""
-    return f"eager:{getattr(inputs[0], '_id', '?')}"
+    state = ops.state_input(op_type, inputs)
+    return "" if state is None else f"eager:{getattr(state, '_id', '?')}"
 
 
 def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:

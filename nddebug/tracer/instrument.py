@@ -311,12 +311,13 @@ def hook_graph_ends() -> None:
 
 
 def variable_identity(graph: Any, handle: Any) -> str:
-    """Which variable a graph op reads or writes, the same for every graph and call that uses
-    it: ``eager:<id>`` of the variable's handle (as eager ops name it) when the handle is a
-    capture, followed out through the functions around this one; else, for a handle made in
-    the graph or passed in as a loop variable, ``<graph key>:<tensor name>``. One identity
-    lets a read in call k be linked to a divergent write of the same variable in call j < k
-    of the same block, or of another function."""
+    """Which variable (or other resource: a table, a queue) a graph op reads or writes, the
+    same for every graph and call that uses it: ``eager:<id>`` of the variable's handle (as
+    eager ops name it) when the handle is a capture, followed out through the functions
+    around this one; else, for a handle made in the graph or passed in as a loop variable,
+    ``<graph key>:<tensor name>``. One identity lets a read in call k be linked to a
+    divergent write of the same variable in call j < k of the same block, or of another
+    function."""
     g, t = graph, handle
     for _ in range(64):  # nesting depth; a cycle cannot happen, a bound costs nothing
         outer = _captured_from(g, t)
@@ -729,6 +730,7 @@ def instrument_op(
                 payload += [t, *again]
             elif dups:
                 payload += rerun.device_payload(t, again)
+    state = ops.state_input(op_type, inputs)
     op_id = REGISTRY.new_id()
     seen = REGISTRY.graph_keys.setdefault(graph, {})
     count = seen.get(base, 0)
@@ -750,11 +752,7 @@ def instrument_op(
         note=note,
         rerun=blocker,
         fused=fused_with,
-        resource=(
-            variable_identity(graph, inputs[0])
-            if inputs and ops.reads_or_writes_variable(op_type)
-            else ""
-        ),
+        resource=variable_identity(graph, state) if state is not None else "",
     )
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info

@@ -9,6 +9,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import CALL_OPS, RERUN_INNER, Recording
+from nddebug.replicas import COLLECTIVE_OP_TYPES
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
 ALIAS_OPS = {
@@ -84,6 +85,24 @@ def written_value(op_type: str, inputs: Any) -> Any:
 
 def reads_or_writes_variable(op_type: str) -> bool:
     return op_type == "ReadVariableOp" or bool(WRITER.match(op_type))
+
+
+def state_input(op_type: str, inputs: Any) -> Any:
+    """The state an op reads or writes besides its tensor inputs: its first resource-handle
+    input (a variable, a lookup table, a queue, an iterator, a random generator), or None.
+
+    Such state is not digested where it is read, so "identical inputs" does not cover it:
+    the op is linked to the other ops on the same resource (OpInfo.resource), and a read
+    after a divergent write of it carries that write's difference on (an embedding's
+    ResourceGather in the loop step after a divergent scatter update; a table lookup after
+    a divergent insert). Function calls, loops and branches hand their resources on to the
+    ops inside; a collective's ordering token only orders collectives."""
+    if op_type in CALL_OPS or FUNCTION_CALL.match(op_type) or op_type in COLLECTIVE_OP_TYPES:
+        return None
+    for t in inputs or ():
+        if getattr(getattr(t, "dtype", None), "name", "") == "resource":
+            return t
+    return None
 
 
 def rerun_blocker(
