@@ -10,7 +10,26 @@ from typing import Any
 from nddebug import state as st
 from nddebug.recording import Recording
 from nddebug.report import Report
-from nddebug.tracer.ops import reads_or_writes_variable
+from nddebug.tracer.ops import WRITER, reads_or_writes_variable
+
+
+def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
+    """The ops of ``recording`` that update a variable (known by its eager handle) that none
+    of ``variables`` is, one op name per variable: a custom loop's optimizer slots left out of
+    state= make every repeat start from other values, and a deterministic step look
+    NOT reproducible."""
+    kept = set()
+    for v in variables:
+        handle_id = getattr(getattr(v, "handle", None), "_id", None)
+        if handle_id is not None:
+            kept.add(f"eager:{handle_id}")
+    missed: dict[str, str] = {}
+    for op in recording.ops.values():
+        if op.resource.startswith("eager:") and WRITER.match(op.op_type):
+            if op.resource not in kept:
+                where = f" at {op.location}" if op.location else ""
+                missed.setdefault(op.resource, f"{op.op_name or op.op_type}{where}")
+    return sorted(missed.values())
 
 
 def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
@@ -191,6 +210,16 @@ def check(
                 "starts from whatever the previous one left. Pass the model, optimizer or "
                 "variables as state= to restore them."
             )
+        elif mode == "repeat" and state is not None:
+            missed = unrestored_updates(warm, keeper.variables)
+            if missed:
+                more = f" and {len(missed) - 3} more" if len(missed) > 3 else ""
+                warnings.append(
+                    f"The step updates {len(missed)} variable(s) that state= does not hold "
+                    f"(updated by {', '.join(missed[:3])}{more}): every repeat starts from "
+                    "what the previous one left in them, so what reads them differs. Add "
+                    "their owner to state= (an optimizer: state=[model, optimizer])."
+                )
         if mode == "rerun":
             # One traced step is the whole check: its ops were compared with themselves.
             runs.append(warm)
