@@ -1383,6 +1383,22 @@ for _op in ("LookupTableFind", "LookupTableExport", "LookupTableSize"):
         kind="other",
     )
 
+for _op in (
+    "QueueDequeueV2",
+    "QueueDequeueManyV2",
+    "QueueDequeueUpToV2",
+    "QueueDequeue",
+    "QueueDequeueMany",
+    "QueueDequeueUpTo",
+):
+    _skip(
+        _op,
+        "tf.queue.RandomShuffleQueue, tf.compat.v1.train.shuffle_batch",
+        "hands out what its queue holds, which the queue's seed and its enqueue threads decide; "
+        "measured by hand (the knowledge base entry's 'measured')",
+        kind="input pipeline",
+    )
+
 
 def _iterator(op: str) -> Callable:
     """A seeded pipeline with a parallel map that may reorder (``deterministic=False``), which op

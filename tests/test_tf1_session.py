@@ -68,6 +68,37 @@ def test_an_unseeded_random_op_in_a_session_graph_is_the_source() -> None:
     assert out["sources"] == [["RandomUniform", "random"]], out
 
 
+QUEUE = """
+import json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_eager_execution()
+data = tf.constant(np.arange(100, dtype=np.float32).reshape(100, 1))
+queue = tf.queue.RandomShuffleQueue(200, 0, [tf.float32], shapes=[[1]], seed=SEED)
+fill = queue.enqueue_many([data])
+total = tf.reduce_sum(queue.dequeue_many(10) * tf.range(10, dtype=tf.float32)[:, None])
+runs = []
+for label in ("a", "b"):
+    with tf.compat.v1.Session() as session:   # a new queue, filled outside the block
+        session.run(fill)
+        with nddebug.trace(label=label) as rec:
+            session.run(total)
+    runs.append(rec)
+report = nddebug.compare(runs)
+print(json.dumps({"ok": report.ok,
+                  "sources": [[r.op_type, r.kind] for r in report.sources.itertuples()]}))
+"""
+
+
+def test_a_shuffle_queue_dequeue_is_an_input_pipeline_source() -> None:
+    """A TF1 RandomShuffleQueue filled before the block hands out another batch in each
+    session without a seed: the dequeue is named as the input pipeline (the queue is not
+    digested; before, it was 'state differed' or a non-deterministic kernel). Seeded, the
+    sessions agree."""
+    out = run_python(QUEUE.replace("SEED", "None"))
+    assert not out["ok"]
+    assert out["sources"] == [["QueueDequeueManyV2", "input pipeline"]], out
+    assert run_python(QUEUE.replace("SEED", "1"))["ok"]
+
+
 def _race_recording(tmp_path, delay: str) -> nddebug.Recording:
     path = str(tmp_path / f"{delay}.nddebug")
     proc = subprocess.run(
