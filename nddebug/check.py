@@ -32,6 +32,23 @@ def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
     return sorted(missed.values())
 
 
+def iterators_carried_over(first: Recording, second: Recording) -> list[str]:
+    """The ops (name at location) that read a tf.data iterator both runs used, the same
+    iterator object: one the step captures or is handed, which goes on where the previous
+    run stopped. An iterator made inside the step is a new one in every run (another
+    handle, or a name inside the graph)."""
+
+    def reads(rec: Recording) -> dict[str, str]:
+        return {
+            op.resource: f"{op.op_type} at {op.location}" if op.location else op.op_type
+            for op in rec.ops.values()
+            if op.resource.startswith("eager:") and op.op_type.startswith("IteratorGetNext")
+        }
+
+    again = reads(second)
+    return sorted(where for res, where in reads(first).items() if res in again)
+
+
 def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
     """A tf.function traced before check() runs an uninstrumented graph: retrace a copy."""
     import tensorflow as tf
@@ -232,6 +249,18 @@ def check(
                 rec.save(path)
             kept.add(rec)
         runs += kept.runs
+        if mode == "repeat" and kept.runs:
+            pulled = iterators_carried_over(warm, kept.runs[0])
+            if pulled:
+                warnings.append(
+                    "The step takes the next element of an iterator it did not create "
+                    f"({', '.join(pulled[:3])}): each repeat reads the next batch, and "
+                    "check() cannot rewind an iterator, so the repeats' inputs differ "
+                    "whatever the pipeline does. Take the batch outside the step and pass it "
+                    "as an argument (check(step, batch, ...))."
+                )
+                for rec in runs:
+                    rec.warnings.append(warnings[-1])
         if kept.dropped:
             warnings.append(kept.dropped_note())
             for rec in runs:

@@ -442,6 +442,33 @@ def test_state_containers_are_restored(kind: str) -> None:
     np.testing.assert_array_equal(v.numpy(), np.full(4, 3.0, np.float32))  # one step's worth
 
 
+@pytest.mark.parametrize("where", ["captured", "made in the step", "eager, made in the step"])
+def test_an_iterator_the_step_goes_on_reading_is_named(where: str) -> None:
+    """A step that calls next() on an iterator made before check() reads the next batch in
+    every repeat: the pipeline is deterministic, the repeats' inputs are not. check() says
+    so (the report's source, IteratorGetNext, would otherwise send the user to the
+    pipeline). An iterator made in the step starts afresh each time: reproducible, no
+    warning."""
+    ds = tf.data.Dataset.range(64).map(lambda x: tf.cast(x, tf.float32)).batch(4)
+    w = tf.Variable(1.0)
+    outer = iter(ds.repeat())
+
+    def body():
+        batch = next(outer) if where == "captured" else next(iter(ds))
+        w.assign_add(tf.reduce_sum(batch) * 0.01)
+        return w.read_value()
+
+    step = body if where.startswith("eager") else tf.function(body)
+    report = nddebug.check(step, state=w, repeats=3)
+    named = [x for x in report.warnings if "iterator it did not create" in x]
+    if where == "captured":
+        assert not report.ok
+        assert len(named) == 1 and "IteratorGetNext" in named[0], report.warnings
+    else:
+        assert report.ok, report.culprits
+        assert not named, report.warnings
+
+
 def test_a_variable_the_step_updates_but_state_does_not_hold_is_named() -> None:
     """A custom loop's optimizer slot left out of state=: every repeat starts from what the
     previous one left in it, so a deterministic step looks NOT reproducible. check() names
