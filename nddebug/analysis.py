@@ -26,6 +26,8 @@ from nddebug.recording import (
     OPAQUE,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
+    STATE_FILLERS,
+    STATE_READERS,
     TF1_GRAPH,
     XLA_NOTE,
     Event,
@@ -107,12 +109,13 @@ def _identity(ev: Event) -> Any:
 
 def _unreadable(ev: Event, op: OpInfo) -> bool:
     """Whether nothing the execution output could be digested: its outputs are resources,
-    variants or values the kernel left undefined; or it has none and writes state (a table's
-    insert, a queue's enqueue), so its inputs are all that shows what it wrote. (A call with
-    no outputs is not: the ops inside it are recorded, and some of its inputs, such as a
-    collective's instance keys, change on every call by design.)"""
+    variants or values the kernel left undefined; or it has none and fills state the step
+    reads back (STATE_FILLERS: a table's insert, a queue's enqueue), so its inputs are all
+    that shows what it wrote. (Not a call with no outputs: the ops inside it are recorded,
+    and some of its inputs, such as a collective's instance keys, change on every call by
+    design; nor a summary write, whose step counter differs by design.)"""
     if not ev.digests:
-        return bool(op.resource)
+        return bool(op.resource) and bool(STATE_FILLERS.match(op.op_type))
     return all(d is None for d in ev.digests)
 
 
@@ -432,16 +435,18 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
 
 
 def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> None:
-    """Divergence also flows through variables and function calls:
+    """Divergence also flows through variables (and other state behind a resource handle:
+    tables, queues, iterators) and function calls:
     - a read or an update that follows a divergent update of the same variable differs
-      because of it (an update's output is the variable's value after it);
+      because of it (an update's output is the variable's value after it); a read
+      (STATE_READERS) changes nothing, so its divergence explains no later op;
     - the value a variable holds after the step (VariableState) differs because of the ops
       found above, when there are any;
     - the call of an instrumented tf.function returns what the ops inside it computed;
     - an op that reads only shapes (SHAPE_ONLY_OPS) differs because a shape upstream did."""
     writes: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for f in findings:
-        if f.op.resource and f.op.op_type not in ("ReadVariableOp", "VariableState"):
+        if f.op.resource and f.op.op_type not in STATE_READERS:
             # Every divergent update counts, whatever its role: a source's later updates
             # differ because of its first one, and they change the variable all the same.
             # Only updates the reference run made: one that ran in another run only has no
@@ -465,7 +470,13 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
     for f in findings:
         if f.role != "source":
             continue
-        if f.op.resource and f.op.op_type != "VariableState":
+        if CONTAINER_OPS.match(f.op.op_type) and explained_elsewhere(f, findings):
+            # A TensorList, TensorArray or Optional hands on what was put into it: its
+            # handle (a variant, or a TF1 TensorArray's resource) cannot be digested, so
+            # "identical inputs" only means its other inputs (an index, a shape) were; the
+            # source is what filled it.
+            f.role = "propagated"
+        elif f.op.resource and f.op.op_type != "VariableState":
             # A read of a variable, or an update of it (its output is the value after the
             # update), after a divergent update of it: what the variable held before
             # differed, which its recorded inputs do not show. Only executions that no such
@@ -485,11 +496,6 @@ def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> N
             f.role = "propagated"
         elif f.op.op_type == "Step" and f is not first_step:
             # Steps after the first divergent one may only carry it on.
-            f.role = "propagated"
-        elif CONTAINER_OPS.match(f.op.op_type) and explained_elsewhere(f, findings):
-            # A TensorList, TensorArray or Optional hands on what was put into it: its
-            # handle (a variant) cannot be digested, so "identical inputs" only means its
-            # other inputs (an index, a shape) were; the source is what filled it.
             f.role = "propagated"
         elif f.op.function == "instrumented" or (f.op.op_type == "VariableState" and explained):
             f.role = "propagated"

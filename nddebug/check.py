@@ -15,14 +15,17 @@ from nddebug.tracer.ops import WRITER, reads_or_writes_variable
 
 def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
     """The ops of ``recording`` that update a variable (known by its eager handle) that none
-    of ``variables`` is, one op name per variable: a custom loop's optimizer slots left out of
-    state= make every repeat start from other values, and a deterministic step look
-    NOT reproducible."""
+    of ``variables`` is, one "op at location" per variable: a custom loop's optimizer slots
+    left out of state= make every repeat start from other values, and a deterministic step
+    look NOT reproducible. A distributed variable counts with each of its components."""
+    from nddebug.tracer.ops import eager_identity
+
     kept = set()
     for v in variables:
-        handle_id = getattr(getattr(v, "handle", None), "_id", None)
-        if handle_id is not None:
-            kept.add(f"eager:{handle_id}")
+        for part in (v, *(getattr(v, "_values", None) or ())):
+            handle = getattr(part, "handle", None)
+            if getattr(handle, "_id", None) is not None:
+                kept.add(eager_identity(handle))
     missed: dict[str, str] = {}
     for op in recording.ops.values():
         if op.resource.startswith("eager:") and WRITER.match(op.op_type):
@@ -32,21 +35,39 @@ def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
     return sorted(missed.values())
 
 
-def iterators_carried_over(first: Recording, second: Recording) -> list[str]:
-    """The ops (name at location) that read a tf.data iterator both runs used, the same
-    iterator object: one the step captures or is handed, which goes on where the previous
-    run stopped. An iterator made inside the step is a new one in every run (another
-    handle, or a name inside the graph)."""
+def iterators_carried_over(first: Recording, second: Recording) -> dict[str, str]:
+    """The ops that read a tf.data iterator both runs used, the same iterator object (one
+    the step captures, which goes on where the previous run stopped), as key -> "op type at
+    location". An iterator made inside the step is a new one in every run (another handle,
+    or a name inside the graph)."""
 
-    def reads(rec: Recording) -> dict[str, str]:
+    def reads(rec: Recording) -> dict[str, tuple[str, str]]:
         return {
-            op.resource: f"{op.op_type} at {op.location}" if op.location else op.op_type
+            op.resource: (op.key, f"{op.op_type} at {op.location}" if op.location else op.op_type)
             for op in rec.ops.values()
             if op.resource.startswith("eager:") and op.op_type.startswith("IteratorGetNext")
         }
 
     again = reads(second)
-    return sorted(where for res, where in reads(first).items() if res in again)
+    return dict(found for res, found in reads(first).items() if res in again)
+
+
+def _iterator_note(report: Report, carried: dict[str, str], passed: bool) -> str:
+    """The warning for repeats that read on from one iterator, where that made an iterator
+    op diverge ("" otherwise): the pipeline is not to blame, the repeats' inputs differ."""
+    diverged = [f for f in report.comparison.findings if f.op.op_type.startswith("IteratorGetNext")]
+    named = sorted({carried[f.key] for f in diverged if f.key in carried})
+    if not named and passed and diverged:
+        named = sorted({f"{f.op.op_type} at {f.op.location}" for f in diverged})
+    if not named:
+        return ""
+    what = "an iterator passed to it" if passed and not carried else "an iterator it did not create"
+    return (
+        f"The step takes the next element of {what} ({', '.join(named[:3])}): each repeat "
+        "reads the next batch, and check() cannot rewind an iterator, so the repeats' inputs "
+        "differ whatever the pipeline does. Take the batch outside the step and pass it as "
+        "an argument (check(step, batch, ...))."
+    )
 
 
 def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
@@ -249,23 +270,22 @@ def check(
                 rec.save(path)
             kept.add(rec)
         runs += kept.runs
-        if mode == "repeat" and kept.runs:
-            pulled = iterators_carried_over(warm, kept.runs[0])
-            if pulled:
-                warnings.append(
-                    "The step takes the next element of an iterator it did not create "
-                    f"({', '.join(pulled[:3])}): each repeat reads the next batch, and "
-                    "check() cannot rewind an iterator, so the repeats' inputs differ "
-                    "whatever the pipeline does. Take the batch outside the step and pass it "
-                    "as an argument (check(step, batch, ...))."
-                )
-                for rec in runs:
-                    rec.warnings.append(warnings[-1])
         if kept.dropped:
             warnings.append(kept.dropped_note())
             for rec in runs:
                 rec.warnings.append(warnings[-1])
         report = Report(runs, mode=mode)
+        if mode == "repeat" and kept.runs:
+            note = _iterator_note(
+                report,
+                iterators_carried_over(warm, kept.runs[0]),
+                any(st.is_iterator(a) for a in (*args, *kwargs.values())),
+            )
+            if note:
+                warnings.append(note)
+                for rec in runs:
+                    rec.warnings.append(note)
+                report = Report(runs, mode=mode)
         keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
         # Rerun mode measured divergent outputs as it went: no second pass.
         if quantify and keys and mode == "repeat":

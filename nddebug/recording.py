@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,31 @@ CALL_OPS = {
 #: no inputs; what they output is a function of shapes alone, so they are never a source: a
 #: differing output means a shape upstream differed.
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+#: Ops that read the state behind their resource handle (OpInfo.resource) and leave it as it
+#: was. Every other op on a resource may change it (an update, an insert, a dequeue, an
+#: iterator's next), so a later read of the same resource after one that diverged carries its
+#: difference; a read that diverged changed nothing, so it explains no later read.
+STATE_READERS = frozenset(
+    {
+        "ReadVariableOp",
+        "ResourceGather",
+        "ResourceGatherNd",
+        "VariableShape",
+        "VarIsInitializedOp",
+        "LookupTableFindV2",
+        "LookupTableSizeV2",
+        "LookupTableExportV2",
+        "VariableState",  # check()'s pseudo-op: a variable's value after the step
+    }
+)
+#: Ops with no output that fill state later ops read back (a table's insert, a queue's
+#: enqueue, a TensorArray's write): when their inputs differed, what they wrote differs, and
+#: that is a finding. Other ops with no output (a summary write, an assertion, a print) leave
+#: nothing the step reads.
+STATE_FILLERS = re.compile(
+    r"^(LookupTable(Insert|Import|Remove)|InitializeTable|QueueEnqueue|StackPush|"
+    r"TensorArray(Write|Scatter|Split))"
+)
 #: OpInfo.function of calls nddebug cannot see inside: a tf.function traced before the block
 #: ("uninstrumented") or compiled with XLA ("xla"). Their outputs and the variables they can
 #: write are compared; the ops inside them are not.

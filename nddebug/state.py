@@ -54,7 +54,7 @@ def collect_variables(state: Any) -> list[Any]:
         if _tf_variable(obj) is not None:
             add(obj)
             return
-        if _is_iterator(obj):
+        if is_iterator(obj):
             raise TypeError(
                 f"state{where} is a tf.data iterator ({type(obj).__name__}): check() cannot "
                 "rewind it between repeats, so each repeat would get other batches. Take the "
@@ -89,7 +89,7 @@ def collect_variables(state: Any) -> list[Any]:
     return list(found.values())
 
 
-def _is_iterator(obj: Any) -> bool:
+def is_iterator(obj: Any) -> bool:
     try:
         from tensorflow.python.data.ops import iterator_ops
     except ImportError:  # pragma: no cover - layout of other TF versions

@@ -99,6 +99,45 @@ def test_a_shuffle_queue_dequeue_is_an_input_pipeline_source() -> None:
     assert run_python(QUEUE.replace("SEED", "1"))["ok"]
 
 
+ROUTED = """
+import json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_v2_behavior()     # TF1 control flow (Switch) and TensorArrayV3
+v = tf.compat.v1.get_variable("v", initializer=tf.ones([4]), use_resource=True)
+start = tf.compat.v1.placeholder(tf.float32, [4])
+set_v = v.assign(start)
+flag = tf.compat.v1.placeholder(tf.bool, [])
+picked = tf.cond(flag, lambda: v.read_value() * 2.0, lambda: v.read_value() * 3.0)
+with tf.control_dependencies([picked]):
+    later = v.read_value() * 1.5       # v differs between the runs: a source of its own
+noise = tf.random.uniform([4, 3])      # unseeded: a source
+ta = tf.TensorArray(tf.float32, size=4, clear_after_read=False).unstack(noise)
+total = tf.reduce_sum(picked) + tf.reduce_sum(later) + tf.reduce_sum(ta.read(2))
+runs = []
+for label, value in (("a", 1.0), ("b", 2.0)):
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(set_v, {start: np.full(4, value, np.float32)})
+        with nddebug.trace(label=label) as rec:
+            session.run(total, {flag: label == "a"})
+    runs.append(rec)
+report = nddebug.compare(runs)
+print(json.dumps({"rows": [[r.op_type, r.op_name, r.role] for r in report.culprits.itertuples()]}))
+"""
+
+
+def test_handles_routed_by_a_cond_and_tensor_arrays_are_not_writes() -> None:
+    """A TF1 cond routes the variable's handle through Switch ops, whose predicate differed:
+    they hand the handle on and change nothing, so the read after them, of a variable that
+    held other values in each run, is still a source. A TensorArray (a resource in TF1)
+    read only hands on what the random op put into it."""
+    rows = run_python(ROUTED)["rows"]
+    sources = {(t, n) for t, n, role in rows if role == "source"}
+    assert any(t == "ReadVariableOp" and not n.startswith("cond") for t, n in sources), rows
+    assert ("RandomUniform", "random_uniform/RandomUniform") in sources, rows
+    reads = [role for t, _, role in rows if t == "TensorArrayReadV3"]
+    assert reads == ["propagated"], rows
+
+
 def _race_recording(tmp_path, delay: str) -> nddebug.Recording:
     path = str(tmp_path / f"{delay}.nddebug")
     proc = subprocess.run(

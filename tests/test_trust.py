@@ -392,6 +392,28 @@ def test_a_lookup_after_a_divergent_insert_is_not_a_source(noisy: bool) -> None:
     assert rows.loc["LookupTableFindV2", "role"] == "propagated"
 
 
+def test_a_read_that_diverged_explains_no_later_read() -> None:
+    """A gather whose indices differed (a random op upstream) changed nothing: the variable
+    itself already held other values (set differently before each block), and the read
+    after the gather is still a source of its own, with that reason."""
+    v = tf.Variable(tf.zeros([8, 2]))
+
+    @tf.function
+    def step():
+        picked = tf.gather(v, tf.random.uniform([3], maxval=8, dtype=tf.int32))
+        return tf.reduce_sum(picked) + tf.reduce_sum(v.read_value())
+
+    recs = []
+    for start in (1.0, 2.0):
+        v.assign(tf.fill([8, 2], start))  # outside the block: state differs between runs
+        with nddebug.trace() as rec:
+            step()
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    sources = set(report.sources["op_type"])
+    assert {"RandomUniformInt", "ReadVariableOp"} <= sources, report.sources
+
+
 def test_a_variable_gathered_after_a_divergent_update_in_a_loop_is_not_a_source() -> None:
     """An embedding read with ResourceGather in the loop iteration after a scatter update
     that differed: the gather reads what the update wrote, its only tensor input (the ids)
@@ -442,31 +464,64 @@ def test_state_containers_are_restored(kind: str) -> None:
     np.testing.assert_array_equal(v.numpy(), np.full(4, 3.0, np.float32))  # one step's worth
 
 
-@pytest.mark.parametrize("where", ["captured", "made in the step", "eager, made in the step"])
+@pytest.mark.parametrize(
+    "where",
+    ["captured", "passed", "made in the step", "eager, made in the step", "captured, constant"],
+)
 def test_an_iterator_the_step_goes_on_reading_is_named(where: str) -> None:
-    """A step that calls next() on an iterator made before check() reads the next batch in
-    every repeat: the pipeline is deterministic, the repeats' inputs are not. check() says
-    so (the report's source, IteratorGetNext, would otherwise send the user to the
-    pipeline). An iterator made in the step starts afresh each time: reproducible, no
-    warning."""
+    """A step that calls next() on an iterator made before check() (captured, or passed as
+    an argument) reads the next batch in every repeat: the pipeline is deterministic, the
+    repeats' inputs are not. check() says so (the report's source, IteratorGetNext, would
+    otherwise send the user to the pipeline). An iterator made in the step starts afresh
+    each time, and one that hands out the same batch every time changes nothing:
+    reproducible, no warning."""
     ds = tf.data.Dataset.range(64).map(lambda x: tf.cast(x, tf.float32)).batch(4)
+    if where.endswith("constant"):
+        ds = tf.data.Dataset.from_tensors(tf.ones([4]))
     w = tf.Variable(1.0)
     outer = iter(ds.repeat())
 
-    def body():
-        batch = next(outer) if where == "captured" else next(iter(ds))
+    def body(it=None):
+        if where.endswith("made in the step"):
+            batch = next(iter(ds))
+        else:
+            batch = next(it if it is not None else outer)
         w.assign_add(tf.reduce_sum(batch) * 0.01)
         return w.read_value()
 
     step = body if where.startswith("eager") else tf.function(body)
-    report = nddebug.check(step, state=w, repeats=3)
-    named = [x for x in report.warnings if "iterator it did not create" in x]
-    if where == "captured":
+    args = (outer,) if where == "passed" else ()
+    report = nddebug.check(step, *args, state=w, repeats=3)
+    named = [x for x in report.warnings if "check() cannot rewind an iterator" in x]
+    if where in ("captured", "passed"):
         assert not report.ok
         assert len(named) == 1 and "IteratorGetNext" in named[0], report.warnings
     else:
         assert report.ok, report.culprits
         assert not named, report.warnings
+
+
+def test_a_summary_written_with_a_python_step_counter_changes_no_verdict(tmp_path) -> None:
+    """A summary write has no output and its step number differs in every call by design:
+    it fills nothing the step reads back, so it is not a finding."""
+    w = tf.Variable(tf.ones([4]))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    calls = [0]
+
+    @tf.function
+    def compute():
+        w.assign(w * 0.5 + 1.0)
+        return tf.reduce_sum(w)
+
+    def step():
+        calls[0] += 1
+        loss = compute()
+        with writer.as_default():
+            tf.summary.write("loss", loss, step=calls[0])
+        return loss
+
+    report = nddebug.check(step, state=w, repeats=3)
+    assert report.ok, report.culprits
 
 
 def test_a_variable_the_step_updates_but_state_does_not_hold_is_named() -> None:

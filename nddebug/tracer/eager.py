@@ -76,7 +76,7 @@ def _digest(rec: Any, tensor: Any) -> dg.Digest | None:
 
 def _resource(op_type: str, inputs: Any) -> str:
     state = ops.state_input(op_type, inputs)
-    return "" if state is None else f"eager:{getattr(state, '_id', '?')}"
+    return "" if state is None else ops.eager_identity(state)
 
 
 def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> None:

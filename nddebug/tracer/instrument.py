@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
+from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, STATE_READERS, TF1_GRAPH, OpInfo
 from nddebug.tracer import ops, rerun, rewrites, transport, undefined, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
@@ -324,7 +324,7 @@ def variable_identity(graph: Any, handle: Any) -> str:
         if outer is None:
             break
         if getattr(outer, "_id", None) is not None and not hasattr(outer, "graph"):
-            return f"eager:{outer._id}"
+            return ops.eager_identity(outer)
         if not hasattr(outer, "graph"):
             break
         t, g = outer, outer.graph
@@ -425,7 +425,7 @@ def _send_fused(
     return outs[0].op
 
 
-def _order_record(graph: Any, sender: Any, stateful: bool, resource: str, writes: bool) -> None:
+def _order_record(graph: Any, sender: Any, stateful: bool, resource: str, reads: bool) -> None:
     """Give a native record op the place it needs among the others, and no more.
 
     tf.function chains every stateful op without a resource input in program order
@@ -433,16 +433,17 @@ def _order_record(graph: Any, sender: Any, stateful: bool, resource: str, writes
     one line, and an op that waits for its input's digest (:func:`digests_first`) would wait
     for every record made before it. A stateless op is ordered by its data alone, and so is
     its record, which reads its inputs' digests from their records: it needs no place in
-    that line, and neither does a variable read's (the values it feeds wait for it). The
-    rows of one variable's reads and writes must arrive in program order (that order tells
-    a read after a divergent write from a source): each such record waits for the record of
-    the variable's previous read or write in this graph, the order the ops themselves run
-    in. The records of writes and of other stateful ops (random ops, iterators) keep their
-    place in the line: nothing waits for them but the end of the function."""
+    that line, and neither does the record of an op that only reads state (``reads``: a
+    variable read, a table lookup; the values it feeds wait for it). The rows of the ops on
+    one resource (a variable, a table, a queue, an iterator) must arrive in program order
+    (that order tells a read after a divergent write from a source): each such record waits
+    for the record of the resource's previous op in this graph, the order the ops themselves
+    run in. The records of writes and of other stateful ops (random ops, iterators) keep
+    their place in the line: nothing waits for them but the end of the function."""
     acd = getattr(graph, "experimental_acd_manager", None)
     if acd is None or sender is None:
         return
-    if not stateful or (resource and not writes):
+    if not stateful or (resource and reads):
         if type(getattr(acd, "_independent_ops", None)) is list:
             acd._independent_ops = _OpList(acd._independent_ops)
         acd.run_independently(sender)
@@ -774,11 +775,13 @@ def instrument_op(
     if not readable_out and not readable_in and not payload:
         return None
 
+    reads_only = op_type in STATE_READERS and not after_write
+
     def emit() -> tuple[Any, Any]:
         """Make the op that records this op's executions: it, and the first output's digest."""
         if fused is not None:
             sender = _send_fused(fused, graph, op_id, out_tensors, in_digests)
-            _order_record(graph, sender, stateful, info.resource, after_write)
+            _order_record(graph, sender, stateful, info.resource, reads_only)
             return sender, REGISTRY.graph_cache(graph).get(out_tensors[0].name)
         outs, sent = out_digests, readable_out
         if defer:
@@ -792,7 +795,7 @@ def instrument_op(
             op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
         )
         if getattr(sender, "type", "") == "NddebugRecord":
-            _order_record(graph, sender, stateful, info.resource, after_write)
+            _order_record(graph, sender, stateful, info.resource, reads_only)
         first = outs[0] if outs and not isinstance(outs[0], bool) else None
         return sender, first
 

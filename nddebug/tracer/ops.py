@@ -35,6 +35,12 @@ WRITER = re.compile(
     r"AssignSubVariableOp|ResourceScatter|ResourceStridedSliceAssign)"
 )
 FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
+# Ops that route a resource handle (TF1 control flow, identities): they hand the handle on and
+# neither read nor change the state behind it.
+HANDLE_ROUTING = frozenset(
+    {"Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
+     "NextIteration", "RefNextIteration", "Identity", "IdentityN", "RefIdentity"}
+)  # fmt: skip
 UID_SUFFIX = re.compile(r"_\d+$")
 # Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
 # process, a second model); keys drop them and tell real duplicates apart by creation order.
@@ -99,10 +105,22 @@ def state_input(op_type: str, inputs: Any) -> Any:
     ops inside; a collective's ordering token only orders collectives."""
     if op_type in CALL_OPS or FUNCTION_CALL.match(op_type) or op_type in COLLECTIVE_OP_TYPES:
         return None
+    if op_type in HANDLE_ROUTING:
+        return None  # it passes the handle on (a TF1 cond's Switch), not what is behind it
     for t in inputs or ():
-        if getattr(getattr(t, "dtype", None), "name", "") == "resource":
+        if _is_resource(t):
             return t
     return None
+
+
+def _is_resource(t: Any) -> bool:
+    return getattr(getattr(t, "dtype", None), "name", "") == "resource"
+
+
+def eager_identity(handle: Any) -> str:
+    """The identity of the state behind an eager resource handle (a variable's, a table's),
+    as OpInfo.resource names it: the same for every op, graph and call that uses it."""
+    return f"eager:{getattr(handle, '_id', '?')}"
 
 
 def rerun_blocker(
