@@ -392,6 +392,30 @@ def test_a_lookup_after_a_divergent_insert_is_not_a_source(noisy: bool) -> None:
     assert rows.loc["LookupTableFindV2", "role"] == "propagated"
 
 
+def test_eager_ops_on_many_variables_at_one_line_are_linked_to_their_own() -> None:
+    """An eager loop updates two variables at one line: b from an unseeded random op, a
+    from nothing random, but a held another value in each run before the block. Each
+    variable's updates are linked to its own reads (before, every op at that line counted
+    as acting on the first variable it saw, b, so a's own difference was hidden behind
+    b's and only the random op was named)."""
+    a = tf.Variable(tf.zeros([4]))
+    b = tf.Variable(tf.zeros([4]))
+    recs = []
+    for start in (1.0, 2.0):
+        a.assign(tf.fill([4], start))  # outside the block: a differs between the runs
+        b.assign(tf.zeros([4]))
+        with nddebug.trace() as rec:
+            for _ in range(2):
+                noise = tf.random.uniform([4])  # unseeded eager op: differs
+                for v, step in ((b, noise), (a, tf.ones([4]))):
+                    v.assign_add(step)
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    kinds = dict(zip(report.sources["op_type"], report.sources["kind"], strict=False))
+    assert kinds.get("RandomUniform") == "random", report.sources
+    assert kinds.get("AssignAddVariableOp") == "other", report.sources
+
+
 def test_a_read_that_diverged_explains_no_later_read() -> None:
     """A gather whose indices differed (a random op upstream) changed nothing: the variable
     itself already held other values (set differently before each block), and the read

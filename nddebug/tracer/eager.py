@@ -88,6 +88,16 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     # the site is file name, line and function, so keys match across machines too.
     key = f"eager:{ops.UID_SUFFIX.sub('', op_type)}@{site}"
     alias = ops.ALIAS_OPS.get(op_type, -1)
+    resource = _resource(op_type, inputs) if alias == -1 else ""
+    if resource:
+        # One line can act on many variables (an optimizer's loop over them): each gets its
+        # own op, so that a read is linked to the writes of its own variable. Numbered by
+        # first use at this site, the same in every run of the program.
+        seen = rec.eager_site_resources.setdefault(key, [])
+        if resource not in seen:
+            seen.append(resource)
+        if seen.index(resource):
+            key = f"{key}&{seen.index(resource)}"
     if alias != -1:
         for i, out in enumerate(outputs):
             src = inputs[i if alias is None else alias] if inputs else None
@@ -159,7 +169,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             stateful=op_def is not None and op_def.is_stateful,
             attrs=ops.interesting_attrs(attrs),
             note=note,
-            resource=_resource(op_type, inputs),
+            resource=resource,
             function=function,
             rerun=blocker,
             written=opaque.variable_names([h for h, _ in variables]) if variables else [],
