@@ -13,7 +13,7 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug import native
-from nddebug.recording import NOT_COMPARED, OPAQUE, Event, OpInfo
+from nddebug.recording import NOT_COMPARED, OPAQUE, STATE_READERS, Event, OpInfo
 from nddebug.tracer import opaque, ops, rerun, undefined
 from nddebug.tracer.location import eager_location
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
@@ -89,15 +89,15 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     key = f"eager:{ops.UID_SUFFIX.sub('', op_type)}@{site}"
     alias = ops.ALIAS_OPS.get(op_type, -1)
     resource = _resource(op_type, inputs) if alias == -1 else ""
-    if resource:
+    if resource and (op_type in STATE_READERS or ops.WRITER.match(op_type)):
         # One line can act on many variables (an optimizer's loop over them): each gets its
         # own op, so that a read is linked to the writes of its own variable. Numbered by
-        # first use at this site, the same in every run of the program.
-        seen = rec.eager_site_resources.setdefault(key, [])
-        if resource not in seen:
-            seen.append(resource)
-        if seen.index(resource):
-            key = f"{key}&{seen.index(resource)}"
+        # first use at this site, the same in every run of the program. (Not iterators or
+        # generators: a loop that makes a new iterator every step stays one op.)
+        seen = rec.eager_site_resources.setdefault(key, {})
+        n = seen.setdefault(resource, len(seen))
+        if n:
+            key = f"{key}&{n}"
     if alias != -1:
         for i, out in enumerate(outputs):
             src = inputs[i if alias is None else alias] if inputs else None

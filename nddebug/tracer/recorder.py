@@ -53,7 +53,7 @@ class Recorder:
         self.eager_digests: dict[int, dg.Digest | None] = {}  # EagerTensor._id -> digest
         self.eager_sites: dict[str, int] = {}
         # Per eager site: the resources its ops used, in the order first seen (see on_eager).
-        self.eager_site_resources: dict[str, list[str]] = {}
+        self.eager_site_resources: dict[str, dict[str, int]] = {}
         self.lib_dirs = library_dirs()
         # Op keys whose full output values are kept (second pass of check()).
         self.capture: set[str] | None = None
