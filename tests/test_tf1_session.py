@@ -138,6 +138,38 @@ def test_handles_routed_by_a_cond_and_tensor_arrays_are_not_writes() -> None:
     assert reads == ["propagated"], rows
 
 
+COND_READ = """
+import json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_v2_behavior()
+v = tf.compat.v1.get_variable("v", initializer=tf.ones([4]), use_resource=True)
+bump = v.assign_add(tf.random.uniform([4]), read_value=False)   # unseeded: the source
+flag = tf.compat.v1.placeholder(tf.bool, [])
+read = tf.cond(flag, lambda: v.read_value() * 2.0, lambda: v.read_value() * 3.0)
+runs = []
+for label in ("a", "b"):
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        with nddebug.trace(label=label) as rec:
+            session.run(bump)                        # one Session.run writes v ...
+            session.run(read, {flag: True})          # ... a later one reads it in a cond
+    runs.append(rec)
+report = nddebug.compare(runs)
+print(json.dumps({"rows": [[r.op_type, r.op_name, r.role] for r in report.culprits.itertuples()]}))
+"""
+
+
+def test_a_read_in_a_cond_after_a_divergent_write_is_propagated() -> None:
+    """The read inside a TF1 cond gets the variable's handle through a Switch: it is the
+    same variable the earlier Session.run wrote differently, so the read only carries that
+    difference (before, it was a second source, 'the variable already held a different
+    value')."""
+    rows = run_python(COND_READ)["rows"]
+    sources = [t for t, _, role in rows if role == "source"]
+    assert sources == ["RandomUniform"], rows
+    reads = [role for t, n, role in rows if t == "ReadVariableOp" and n.startswith("cond")]
+    assert reads == ["propagated"], rows
+
+
 def _race_recording(tmp_path, delay: str) -> nddebug.Recording:
     path = str(tmp_path / f"{delay}.nddebug")
     proc = subprocess.run(

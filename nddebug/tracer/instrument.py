@@ -317,7 +317,13 @@ def variable_identity(graph: Any, handle: Any) -> str:
     around this one; else, for a handle made in the graph or passed in as a loop variable,
     ``<graph key>:<tensor name>``. One identity lets a read in call k be linked to a
     divergent write of the same variable in call j < k of the same block, or of another
-    function."""
+    function. A handle routed through a TF1 cond or loop (Switch, Enter, Identity) is the
+    handle it routes."""
+    for _ in range(256):  # a chain of routing ops; each step goes one op up
+        op = getattr(handle, "op", None)
+        if op is None or op.type not in ops.HANDLE_ROUTING or not op.inputs:
+            break
+        handle = op.inputs[0]
     g, t = graph, handle
     for _ in range(64):  # nesting depth; a cycle cannot happen, a bound costs nothing
         outer = _captured_from(g, t)
