@@ -10,7 +10,7 @@ from typing import Any
 from nddebug import state as st
 from nddebug.recording import Recording
 from nddebug.report import Report
-from nddebug.tracer.ops import WRITER, reads_or_writes_variable
+from nddebug.tracer.ops import WRITER, eager_identity, reads_or_writes_variable
 
 
 def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
@@ -18,8 +18,6 @@ def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
     of ``variables`` is, one "op at location" per variable: a custom loop's optimizer slots
     left out of state= make every repeat start from other values, and a deterministic step
     look NOT reproducible. A distributed variable counts with each of its components."""
-    from nddebug.tracer.ops import eager_identity
-
     kept = set()
     for v in variables:
         for part in (v, *(getattr(v, "_values", None) or ())):
