@@ -4,6 +4,7 @@ was not compared, and no false source in a training loop or through a container.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -699,6 +700,58 @@ def test_trace_records_only_its_own_thread() -> None:
         assert "Exp" not in types, "another thread's ops landed in the run"
     report = nddebug.compare(recs)
     assert report.ok, str(report)
+
+
+def test_a_call_that_waited_for_an_ended_block_is_kept_out_of_the_next() -> None:
+    """Another thread's call that waited for a block's lock while that block ended and the
+    next began: it ran unguarded beside the next block's calls, whose drain took its rows
+    (``Exp`` in a run that never called it). It must go through the block active now."""
+    import threading
+
+    from nddebug.tracer.recorder import Recorder
+
+    started, go = threading.Event(), threading.Event()
+
+    def wait_for_go(t):
+        started.set()
+        go.wait(10.0)
+        return t
+
+    @tf.function
+    def background(x):
+        y = tf.py_function(wait_for_go, [tf.exp(-x)], tf.float32)
+        return tf.reduce_sum(y)
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.tanh(x))
+
+    x = tf.ones([64])
+    with nddebug.trace():  # both instrumented, and the blocking function run once
+        go.set()
+        background(x)
+        step(x)
+    go.clear()
+    started.clear()
+    worker = threading.Thread(target=lambda: background(x))
+    with nddebug.trace():
+        first = Recorder.active
+        first.call_lock.acquire()  # the worker's call now waits for this block
+        worker.start()
+        time.sleep(0.5)
+    try:
+        with nddebug.trace() as rec:
+            first.call_lock.release()
+            assert started.wait(10.0), "the worker's call never ran"
+            threading.Timer(0.3, go.set).start()
+            step(x)
+    finally:
+        go.set()
+        worker.join()
+    types = [rec.ops[ev.op_id].op_type for ev in rec.events]
+    assert "Exp" not in types, "another thread's ops landed in the run"
+    assert "Tanh" in types, types
+    assert not rec.warnings, rec.warnings
 
 
 # ----------------------------------------------------------------- what is compared, more

@@ -178,7 +178,10 @@ def blind_spots(graph: Any) -> list[str]:
 _current: PreCallHook | None = None
 _patched = False
 _inflight = 0  # eager function calls in flight that no block's hook saw start
-_inflight_lock = threading.Lock()
+_inflight_lock = threading.Lock()  # guards _inflight and _current together
+# What a hook's call returns when its block ended before the call could run (see
+# Recorder.foreign_call): the call is then made as if it had found no hook.
+STALE = object()
 
 
 def _patch_call_function() -> None:
@@ -197,11 +200,20 @@ def _patch_call_function() -> None:
 
     def call_function(ctx: Any, name: Any, tensor_inputs: Any, num_outputs: int) -> Any:
         global _inflight
-        hook = _current
-        if hook is not None:
-            return hook.call(original, ctx, name, tensor_inputs, num_outputs)
-        with _inflight_lock:
-            _inflight += 1
+        while True:
+            # Read the hook and count a call that has none in one step: a block that starts
+            # in between then either sees the call counted (and waits for it) or the call
+            # sees the block's hook.
+            with _inflight_lock:
+                hook = _current
+                if hook is None:
+                    _inflight += 1
+            if hook is None:
+                break
+            out = hook.call(original, ctx, name, tensor_inputs, num_outputs)
+            if out is not STALE:
+                return out
+            # The hook's block ended while the call waited for it: look again.
         try:
             return original(ctx, name, tensor_inputs, num_outputs)
         finally:
@@ -237,12 +249,14 @@ class PreCallHook:
         """Make this hook the one the process-wide call patch hands calls to."""
         global _current
         _patch_call_function()
-        _current = self
+        with _inflight_lock:
+            _current = self
 
     def uninstall(self) -> None:
         global _current
-        if _current is self:
-            _current = None
+        with _inflight_lock:
+            if _current is self:
+                _current = None
 
     def call(self, original: Any, ctx: Any, name: Any, tensor_inputs: Any, n: int) -> Any:
         """One eager function call while this hook's recorder is active."""

@@ -74,6 +74,7 @@ class Recorder:
         self.call_lock = threading.RLock()
         self.discarding = False  # pure-TF path: rows arriving now are another thread's
         self._held = 0  # calls of this thread whose rows are not drained yet (own_call)
+        self.stopped = False  # set under call_lock once the block no longer records
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -110,11 +111,20 @@ class Recorder:
 
     def foreign_call(self, call: Any) -> Any:
         """Run another thread's function call during the block: alone (no call of this
-        block in flight), with the rows it leaves in the buffer dropped."""
+        block in flight), with the rows it leaves in the buffer dropped.
+
+        Returns :data:`opaque.STALE` without running it when the block ended while the call
+        waited: the call must then go through whatever block is active now (run under this
+        one's lock, it would run unguarded beside the next block's calls, and its draining
+        would take that block's rows)."""
         if not self.call_lock.acquire(timeout=5.0):
+            if self.stopped:
+                return opaque.STALE
             ops.warn_once(self.recording, _MIXED)
             return call()
         try:
+            if self.stopped:
+                return opaque.STALE
             self.drain()  # what is there now is the recording thread's
             self.discarding = True
             try:
@@ -183,6 +193,7 @@ class Recorder:
             transport.set_active(False)
             self.drain()
             self.release_call()
+            self.stopped = True
         self.pre_call.uninstall()
         if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
             concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
