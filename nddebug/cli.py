@@ -534,7 +534,13 @@ def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) ->
                     wenv["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": task})
                 cmd = [sys.executable, "-m", "nddebug.runner", args.script, *args.args]
                 with open(f"{base}.stdout", "wb") as so, open(f"{base}.stderr", "wb") as se:
-                    procs.append(subprocess.Popen(cmd, env=wenv, stdout=so, stderr=se))
+                    # No standard input: a script that asks for some would wait unseen (its
+                    # prompt goes to a file) for what a second run could not be given alike.
+                    procs.append(
+                        subprocess.Popen(
+                            cmd, env=wenv, stdin=subprocess.DEVNULL, stdout=so, stderr=se
+                        )
+                    )
                 paths.append(f"{base}.nddebug")
                 errs.append(f"{base}.stderr")
                 if args.show_output:

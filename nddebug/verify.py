@@ -105,7 +105,14 @@ def run_script(
             full = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **env}
             full.update({RECORD_ENV: path, LABEL_ENV: f"process {i}"})
             cmd = [sys.executable, "-m", "nddebug.runner", script, *args]
-            proc = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                cmd,
+                env=full,
+                stdin=subprocess.DEVNULL,  # a prompt nobody sees would wait (cli._one_run)
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
             if proc.returncode != 0:
                 return per_run, proc.stderr
             if not os.path.exists(path):

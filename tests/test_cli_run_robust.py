@@ -96,6 +96,44 @@ def test_show_output_passes_the_runs_output_through_to_standard_error(tmp_path) 
     assert f"nddebug: run 2/2: {script}: done in " in err
 
 
+def test_a_script_that_asks_for_input_fails_at_once_instead_of_waiting(tmp_path) -> None:
+    """Run from a terminal, a script's input() waited for ever: its prompt went to a file."""
+    script = _script(
+        tmp_path,
+        "asks.py",
+        """
+        import tensorflow as tf
+
+        import nddebug
+
+        with nddebug.trace():
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+        print("got", input("run name? "))
+        """,
+    )
+    err = tmp_path / "err"
+    with open(err, "w") as se:
+        # A standard input that stays open and never says anything, like an idle terminal.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nddebug", "run", "-n", "2", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=se,
+            env=_env(),
+            cwd=ROOT,
+        )
+        try:
+            code = proc.wait(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+            proc.wait()
+            assert proc.stdin is not None
+            proc.stdin.close()
+    said = err.read_text()
+    assert code == 2, said[-3000:]
+    assert "run 1 failed" in said and "EOFError" in said, said[-3000:]
+
+
 def test_an_output_folder_that_does_not_exist_fails_before_any_run(tmp_path) -> None:
     marker = tmp_path / "ran"
     script = _script(tmp_path, "marks.py", f"open({str(marker)!r}, 'w').close()\n")
