@@ -348,6 +348,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"-n must be at least 2 to compare runs, got {args.runs}")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if os.path.isdir(args.script):
+        raise UsageError(f"{args.script} is a folder: name the script to run in it")
     if not os.path.isfile(args.script):
         raise UsageError(f"{args.script}: no such script")
     extra = {}
@@ -686,7 +688,7 @@ def _wait_all(
                 tail = _last_lines(errs[k])
                 others = " (the other workers were stopped)" if len(procs) > 1 else ""
                 said = f":\n{tail}" if tail else " (it wrote nothing to standard error)"
-                raise UsageError(f"{who(k)} failed (exit {code}){others}{said}")
+                raise UsageError(f"{who(k)} failed ({_exit_status(code)}){others}{said}")
         if pending and deadline is not None and time.monotonic() > deadline:
             names = ", ".join(str(k) for k in sorted(pending))
             stuck = f"worker(s) {names} still running" if len(procs) > 1 else "still running"
@@ -696,6 +698,21 @@ def _wait_all(
             )
         if pending:
             time.sleep(0.05)
+
+
+def _exit_status(code: int) -> str:
+    """A run's exit code as a person reads it: a negative code is the signal that killed it,
+    and SIGKILL from nobody in the session is most often the kernel's out-of-memory killer."""
+    import signal
+
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    oom = " (the system may have run out of memory)" if -code == signal.SIGKILL else ""
+    return f"exit {code}: killed by {name}{oom}"
 
 
 def _free_ports(n: int) -> list[int]:

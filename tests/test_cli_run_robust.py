@@ -134,6 +134,33 @@ def test_a_script_that_asks_for_input_fails_at_once_instead_of_waiting(tmp_path)
     assert "run 1 failed" in said and "EOFError" in said, said[-3000:]
 
 
+def test_a_run_killed_by_a_signal_says_which_and_a_folder_is_not_a_script(tmp_path) -> None:
+    script = _script(
+        tmp_path,
+        "killed.py",
+        """
+        import os
+        import signal
+
+        import tensorflow as tf
+
+        import nddebug
+
+        with nddebug.trace():
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+    )
+    result = _nddebug("run", "-n", "2", script)
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = "run 1 failed (exit -9: killed by SIGKILL (the system may have run out of memory))"
+    assert said in result.stderr, result.stderr[-3000:]
+    assert "recording(s) made before it are saved in" in result.stderr
+    folder = _nddebug("run", "-n", "2", str(tmp_path))
+    assert folder.returncode == 2
+    assert f"{tmp_path} is a folder: name the script to run in it" in folder.stderr
+
+
 def test_an_output_folder_that_does_not_exist_fails_before_any_run(tmp_path) -> None:
     marker = tmp_path / "ran"
     script = _script(tmp_path, "marks.py", f"open({str(marker)!r}, 'w').close()\n")
