@@ -365,7 +365,9 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
         )
     replicas.demote_collectives(findings, recordings, per_run_units)
-    _state_propagation(findings, ref_seq)
+    _state_propagation(
+        findings, ref_seq, [{u: ev.seq for u, ev in pu.items()} for pu in per_run_units]
+    )
     _fused_chains(findings)
     _entry_point(findings)
     if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
@@ -434,35 +436,50 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     )
 
 
-def _state_propagation(findings: list[OpFinding], ref_seq: dict[Unit, int]) -> None:
+def _state_propagation(
+    findings: list[OpFinding], ref_seq: dict[Unit, int], run_seqs: list[dict[Unit, int]]
+) -> None:
     """Divergence also flows through variables (and other state behind a resource handle:
     tables, queues, iterators) and function calls:
     - a read or an update that follows a divergent update of the same variable differs
       because of it (an update's output is the variable's value after it); a read
-      (STATE_READERS) changes nothing, so its divergence explains no later op;
+      (STATE_READERS) changes nothing, so its divergence explains no later op; an update
+      that ran in some runs only (a loop body that ran more times) is a divergent update
+      too, placed by the order of a run that made it (``run_seqs``: each run's seq of each
+      unit);
     - the value a variable holds after the step (VariableState) differs because of the ops
       found above, when there are any;
     - the call of an instrumented tf.function returns what the ops inside it computed;
     - an op that reads only shapes (SHAPE_ONLY_OPS) differs because a shape upstream did."""
-    writes: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    # Per variable, the seq of its first divergent update in each run (run, None), and in
+    # each call of each run (run, call): "any update before u" is "the first one before u".
+    first_write: dict[str, dict[tuple[int, int | None], int]] = defaultdict(dict)
     for f in findings:
-        if f.op.resource and f.op.op_type not in STATE_READERS:
-            # Every divergent update counts, whatever its role: a source's later updates
-            # differ because of its first one, and they change the variable all the same.
-            # Only updates the reference run made: one that ran in another run only has no
-            # place in the reference's order, so it cannot be said to come first.
-            units = f.divergent_units or f.units
-            writes[f.op.resource] += [(u[0], ref_seq[u]) for u in units if u in ref_seq]
+        if not f.op.resource or f.op.op_type in STATE_READERS:
+            continue
+        # Every divergent update counts, whatever its role: a source's later updates
+        # differ because of its first one, and they change the variable all the same.
+        firsts = first_write[f.op.resource]
+        for w in f.divergent_units or f.units:
+            for r, seqs in enumerate(run_seqs):
+                if w in seqs:
+                    for at in ((r, None), (r, w[0])):
+                        firsts[at] = min(firsts.get(at, seqs[w]), seqs[w])
 
     def written_before(f: OpFinding, u: Unit) -> bool:
-        """Whether a divergent update of ``f``'s variable ran before execution ``u``."""
-        seq = ref_seq.get(u, 1 << 62)
+        """Whether a divergent update of ``f``'s variable ran before execution ``u`` in a
+        run that made both."""
         # A variable known by its identity (eager:<id>, what eager ops and captured handles
         # are named by) is the same variable in every call and function; eager ops and TF1
         # session graphs too. A handle known only by its name in one graph (a loop
         # variable) is linked within its call.
         across = not f.op.graph or f.op.graph == TF1_GRAPH or f.op.resource.startswith("eager:")
-        return any((across or c == u[0]) and w < seq for c, w in writes.get(f.op.resource, []))
+        firsts = first_write.get(f.op.resource, {})
+        for r, seqs in enumerate(run_seqs):
+            first = firsts.get((r, None if across else u[0]))
+            if u in seqs and first is not None and first < seqs[u]:
+                return True
+        return False
 
     explained = any(f.op.op_type not in PSEUDO_OPS for f in findings)
     steps = [f for f in findings if f.op.op_type == "Step"]

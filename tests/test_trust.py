@@ -467,6 +467,35 @@ def test_a_variable_gathered_after_a_divergent_update_in_a_loop_is_not_a_source(
     assert len(gathers) and set(gathers["role"]) == {"propagated"}
 
 
+def test_a_read_after_a_loop_that_wrote_more_times_in_another_run_is_not_a_source() -> None:
+    """A loop whose trip count differed (a random count, here the argument) wrote the variable
+    more times in the second run than in the first: those writes ran in that run only, and
+    the read after the loop differs because of them. It was named a source, with advice to
+    restore state that was restored."""
+    w = tf.Variable(tf.ones([4]))
+
+    @tf.function
+    def step(n):
+        def body(i):
+            w.assign(w * 1.01 + 1.0)
+            return i + 1
+
+        tf.while_loop(lambda i: i < n, body, [tf.constant(0)])
+        return tf.reduce_sum(w)
+
+    recs = []
+    for n in (2, 4):  # the first run (the reference) makes the fewer writes
+        w.assign(tf.ones([4]))
+        with nddebug.trace() as rec:
+            step(tf.constant(n))
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    assert not report.ok
+    reads = report.culprits[report.culprits["op_type"] == "ReadVariableOp"]
+    assert len(reads), report.culprits
+    assert "source" not in set(reads["role"]), str(report)
+
+
 # ----------------------------------------------------------------- what the user passes
 def _variable_step() -> tuple[object, tf.Variable, tf.Variable]:
     v = tf.Variable(tf.ones([4]))
