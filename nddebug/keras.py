@@ -23,7 +23,9 @@ class DeterminismCheck(keras.callbacks.Callback):
 
     The checked step's own batch is taken from fit's iterator, checked ``repeats`` times with
     the model's state restored each time, and then trained on exactly as fit would have (with
-    the model's original train function), so training is not changed by the check.
+    the model's original train function), so training is not changed by the check. With
+    ``steps_per_execution`` above 1, a call of the train function trains on that many batches:
+    a check then covers the whole call, every batch of it.
     Reports are kept in ``self.reports``; on a divergence it warns or raises.
     """
 
@@ -39,19 +41,27 @@ class DeterminismCheck(keras.callbacks.Callback):
         self.repeats = repeats
         self.on_failure = on_failure
         self.reports: list[Any] = []
-        self._step = 0
+        self._step = 0  # training steps (batches) done before this call, over all epochs
+        self._begin = 0
         self._original: Any = None
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self._step % self.every_n_steps == 0:
+        # One call per execution of the train function, which trains on up to
+        # ``steps_per_execution`` batches: check it if one of them is due.
+        self._begin = batch
+        due = any((self._step + k) % self.every_n_steps == 0 for k in range(self._per_call()))
+        if due:
             self._original = self.model.train_function
             self.model.train_function = self._checked_step
-        self._step += 1
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._original is not None:
             self.model.train_function = self._original
             self._original = None
+        self._step += max(1, batch - self._begin + 1)  # the steps this call trained
+
+    def _per_call(self) -> int:
+        return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def _checked_step(self, iterator: Any) -> Any:
         import tensorflow as tf
@@ -59,12 +69,23 @@ class DeterminismCheck(keras.callbacks.Callback):
         from nddebug.check import check
 
         model, original = self.model, self._original
-        data = next(iterator)
-        size = int(tf.nest.flatten(data)[0].shape[0])
+        # Every batch this call of the train function would have taken (steps_per_execution
+        # of them, fewer at the end of the data), so the check covers them all and training
+        # then goes on with each of them, as fit would have.
+        batches = [next(iterator)]
+        for _ in range(self._per_call() - 1):
+            try:
+                batches.append(next(iterator))
+            except (StopIteration, tf.errors.OutOfRangeError):
+                break
 
         def batch_iterator() -> Any:
             # Same iterator type and element spec as fit's: the train function is not retraced.
-            ds = tf.data.Dataset.from_tensor_slices(data).batch(size)
+            ds = None
+            for data in batches:
+                size = int(tf.nest.flatten(data)[0].shape[0])
+                one = tf.data.Dataset.from_tensor_slices(data).batch(size)
+                ds = one if ds is None else ds.concatenate(one)
             return iter(model.distribute_strategy.experimental_distribute_dataset(ds))
 
         def step() -> Any:
@@ -77,5 +98,11 @@ class DeterminismCheck(keras.callbacks.Callback):
         if not report.ok:
             if self.on_failure == "raise":
                 raise NonDeterminismError(report)
-            warnings.warn(f"nddebug: training step {self._step - 1}:\n{report}", stacklevel=2)
+            first = self._step
+            steps = (
+                f"step {first}"
+                if len(batches) == 1
+                else f"steps {first}-{first + len(batches) - 1}"
+            )
+            warnings.warn(f"nddebug: training {steps}:\n{report}", stacklevel=2)
         return outputs

@@ -15,7 +15,7 @@ from tests.helpers import variables_bytes
 pytestmark = pytest.mark.usefixtures("cpu_facts")  # a CNN with biases is reproducible on CPU
 
 
-def _small_cnn() -> keras.Model:
+def _small_cnn(steps_per_execution: int = 1) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -27,7 +27,11 @@ def _small_cnn() -> keras.Model:
             keras.layers.Dense(10, activation="softmax"),
         ]
     )
-    model.compile(loss="categorical_crossentropy", optimizer=keras.optimizers.Adadelta(1.0))
+    model.compile(
+        loss="categorical_crossentropy",
+        optimizer=keras.optimizers.Adadelta(1.0),
+        steps_per_execution=steps_per_execution,
+    )
     return model
 
 
@@ -41,6 +45,24 @@ def test_callback_leaves_training_bitwise_identical_on_a_deterministic_model() -
     without.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     assert len(callback.reports) == 2 and all(r.ok for r in callback.reports)
     assert callback.reports[0].summary["ops_traced"] > 50  # the real train step was traced
+    assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
+        collect_variables(without)
+    )
+
+
+def test_a_check_covers_every_batch_of_a_call_with_steps_per_execution() -> None:
+    """With steps_per_execution=4 a call of the train function trains on 4 batches; the
+    callback checked one and trained on it alone, so training silently lost batches."""
+    rng = np.random.default_rng(0)
+    x = rng.random((96, 12, 12, 1), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 96)]
+    with_cb, without = _small_cnn(steps_per_execution=4), _small_cnn(steps_per_execution=4)
+    # 6 batches: calls of 4 and 2; steps 0 and 5 are due, one in each call.
+    callback = DeterminismCheck(every_n_steps=5, repeats=2, on_failure="raise")
+    with_cb.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    without.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert len(callback.reports) == 2 and all(r.ok for r in callback.reports)
+    assert int(with_cb.optimizer.iterations.numpy()) == 6
     assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
         collect_variables(without)
     )
