@@ -192,7 +192,20 @@ def _emit(text: str, output: str | None) -> None:
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)
     else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        _say(text[:-1] if text.endswith("\n") else text)
+
+
+def _say(text: str = "") -> None:
+    """Print a line of the result to standard output. A reader that stops reading (``| head``)
+    is not an error of the command: the rest is dropped, and the exit code still gives the
+    verdict (it said "error", exit 2, over a Broken pipe)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
+        os.close(devnull)
 
 
 def render(report: Any, fmt: str) -> str:
@@ -395,8 +408,8 @@ def _run(args: argparse.Namespace) -> int:
     def verify(report: Any) -> None:
         env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
         table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
-        print("\nFixes, verified in fresh runs:")
-        print(table.to_string(index=False))
+        _say("\nFixes, verified in fresh runs:")
+        _say(table.to_string(index=False))
 
     status = _compare_blocks(
         per_run, args.format, print, mode="processes", verify=verify if args.verify else None
@@ -422,7 +435,7 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
         if first is None or first.step is None:
             continue
         k = first.step
-        print(
+        _say(
             f"\n=== --bisect: step {k} of trace block {b + 1}, recorded in full in 2 fresh runs ==="
         )
         again = copy.copy(args)
@@ -434,14 +447,14 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
                 second.append(_one_run(again, env, i, tmp))
         recs = [run[0][b] for run in second if b < len(run[0])]
         if len(recs) < 2:
-            print("(the second pass did not record this block: nothing to compare)")
+            _say("(the second pass did not record this block: nothing to compare)")
             continue
         replayed = _replayed(per_run[0][0][b], recs[0], k)
         if replayed:
-            print(f"warning: {replayed}")
+            _say(f"warning: {replayed}")
         report = compare(recs)
         report.mode = "processes"
-        print(render(report, args.format))
+        _say(render(report, args.format))
         status = max(status, OK if report.ok else FOUND)
     return status
 
@@ -818,7 +831,7 @@ def _diff(args: argparse.Namespace) -> int:
             f"{op.location or '?'}: {first.explanation}."
         )
     lines += ["", str(report)]
-    print("\n".join(lines))
+    _say("\n".join(lines))
     return OK if report.ok else FOUND
 
 
@@ -832,11 +845,11 @@ def _ops(args: argparse.Namespace) -> int:
         text = df.astype(str).agg(" ".join, axis=1).str.lower()
         df = df[text.str.contains(args.filter.lower(), regex=False)]
     if df.empty:
-        print(f"No known culprit matches {args.filter!r}.")
+        _say(f"No known culprit matches {args.filter!r}.")
         return OK
     cols = ["op_type", "device", "pass", "kind", "under_determinism", "fix"]
     rows = [[str(r[c])[:70] if c == "fix" else r[c] for c in cols] for _, r in df.iterrows()]
-    print(tabulate(rows, headers=cols, tablefmt="simple"))
+    _say(tabulate(rows, headers=cols, tablefmt="simple"))
     return OK
 
 
@@ -855,7 +868,7 @@ def _census(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         rows = [[c.op_type, c.pass_, c.api, c.size, c.skip or ""] for c in chosen]
-        print(tabulate(rows, headers=["op type", "pass", "TF call", "size", "not measured"]))
+        _say(tabulate(rows, headers=["op type", "pass", "TF call", "size", "not measured"]))
         return OK
     settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.determinism]
     with warnings.catch_warnings():

@@ -104,6 +104,48 @@ def test_bad_input_is_one_clear_line_and_exit_two(args, message) -> None:
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["ops", "report"])
+def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
+    command: str, tmp_path
+) -> None:
+    """`nddebug report runs.nddebug | head -3` (a reader that closes the pipe): the rest of the
+    output is dropped, not an error; it exited 2 with "nddebug: error: [Errno 32] Broken pipe",
+    which CI reads as bad input instead of "not reproducible" (exit 1)."""
+    import tensorflow as tf
+
+    import nddebug as nd
+    from nddebug.storage import save
+
+    args, expected = ["ops"], 0
+    if command == "report":
+
+        @tf.function
+        def step():
+            return tf.reduce_sum(tf.random.uniform([64]))  # unseeded: differs in every run
+
+        recs = []
+        for _ in range(2):
+            with nd.trace() as rec:
+                step()
+            recs.append(rec)
+        path = str(tmp_path / "runs.nddebug")
+        save(recs, path)
+        args, expected = ["report", path], 1
+    env = subprocess_env()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nddebug", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == expected, err
+    assert "error" not in err and "Broken pipe" not in err, err
+
+
 def test_ops_searches_the_knowledge_base() -> None:
     result = nddebug("ops", "BiasAddGrad")
     assert result.returncode == 0 and "BiasAddGrad" in result.stdout and "GPU" in result.stdout

@@ -183,7 +183,9 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
                 f"Function {op_type} ran uninstrumented: it was traced before "
                 "nddebug.trace() was entered, so only its inputs, its outputs and the variables "
                 "it captures are compared, not the ops inside it. Create or first call the "
-                "tf.function inside the block, or use nddebug.check(), which retraces it."
+                "tf.function inside the block, or give it to nddebug.check() as the step "
+                "itself: check() retraces the function it is given, not the tf.functions that "
+                "a Python step calls."
             )
     seq = rec.next_seq()
     ev = Event(
