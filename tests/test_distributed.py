@@ -126,6 +126,52 @@ print(json.dumps({
     assert out["weights_equal"] and out["traced_equal"] and out["components"], out
 
 
+def test_a_loop_over_a_distributed_dataset_is_traced_and_trains_as_usual() -> None:
+    """`for batch in strategy.experimental_distribute_dataset(ds)` inside trace(): tf.data's
+    per-device functions (`_next_func`, run by another device's thread) were instrumented,
+    and the step crashed reading nddebug's switch from a device that cannot see it."""
+    out = run_python(
+        SETUP
+        + """
+with strategy.scope():
+    w = tf.Variable(tf.ones([6, 1]))
+data = (np.ones((32, 6), "float32"), np.linspace(0, 1, 32, dtype="float32")[:, None])
+ds = tf.data.Dataset.from_tensor_slices(data).map(lambda x, y: (x * 2.0, y)).batch(8)
+
+@tf.function
+def step(xy):
+    def fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((x @ w - y) ** 2)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+    strategy.run(fn, args=xy)
+
+def epoch():
+    w.assign(tf.ones([6, 1]))
+    for xy in strategy.experimental_distribute_dataset(ds):
+        step(xy)
+    return w.numpy().copy()
+
+recs = []
+for k in range(2):
+    with nddebug.trace() as rec:
+        traced = epoch()
+    recs.append(rec)
+    if k == 0:
+        plain = epoch()  # the instrumented step outside a block: as without nddebug
+report = nddebug.compare(recs)
+print(json.dumps({
+    "ok": report.ok, "text": str(report), "steps": len(recs[0].events),
+    "equal": bool((plain == traced).all()),
+    "data_ops": sorted({o.op_type for o in recs[0].ops.values() if "FromShard" in o.op_type}),
+}))
+"""
+    )
+    assert out["ok"] and out["equal"], out["text"]
+    assert "warning" not in out["text"], out["text"]
+    assert out["steps"] > 4 and out["data_ops"] == [], out
+
+
 def test_an_unseeded_random_op_after_the_all_reduce_parts_the_replicas() -> None:
     out = run_python(
         SETUP

@@ -258,11 +258,18 @@ def test_the_undefined_outputs_table_is_checked() -> None:
     good = 'schema = 1\n[[output]]\nop = "A"\noutputs = ["v"]\nwhen = { c = false }\n'
     good += 'source = "s"\nmeasured = "m"\n'
     assert undefined.parse(good)["A"].outputs == ("v",)
+    # An output that is never data (a resource's name) has no condition, and says why.
+    named = good.replace("{ c = false }", "{}") + 'reason = "a name"\n'
+    assert undefined.parse(named)["A"].reason == "a name"
+    at, why = undefined.undefined_outputs("MultiDeviceIteratorToStringHandle", ())
+    assert at == (0,) and "naming the multi-device iterator" in why
     for broken in (
         good.replace("schema = 1", "schema = 2"),
         good.replace('["v"]', "[]"),
         good.replace("{ c = false }", "{}"),
         good.replace('measured = "m"\n', ""),
+        named.replace('reason = "a name"', "reason = 3"),
+        named.replace("reason", "why"),
     ):
         with pytest.raises(ValueError):
             undefined.parse(broken, "t.toml")

@@ -10,6 +10,9 @@ its digests read no data (:mod:`nddebug.tracer.registry`).
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import threading
 from typing import Any
 
 from nddebug import digest as dg
@@ -72,13 +75,16 @@ def is_data_graph(graph: Any) -> bool:
     execution count at any moment is timing-dependent, so they are compared through the
     iterator's outputs instead. That holds for every function nested in one too (a
     ``tf.cond`` or ``tf.while_loop`` body inside a ``Dataset.map`` function), so the graphs
-    around this one are asked as well."""
+    around this one are asked as well. tf.data's own functions have other names (a
+    distributed dataset's per-device ``_next_func``, run on another device's thread): a
+    function whose tracing tf.data asked for (see :func:`hook_graph_ends`) is one too."""
     cache = REGISTRY.graph_cache(graph)
     if "<data>" not in cache:
-        g, found = graph, False
+        g, found = graph, getattr(_tracing, "for_data", 0) > 0
         while g is not None and not found:
             name = ops.as_str(getattr(g, "name", "") or "")
             found = name.startswith("Dataset_") or "_Dataset_" in name
+            found = found or (g is not graph and REGISTRY.graph_cache(g).get("<data>", False))
             g = getattr(g, "outer_graph", None)
         cache["<data>"] = found
     return cache["<data>"]
@@ -286,7 +292,16 @@ def hook_graph_ends() -> None:
 
     @functools.wraps(original)
     def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
-        graph = original(*args, **kwargs)
+        data = _asked_by_data(sys._getframe(1))
+        given = kwargs.get("func_graph", args[5] if len(args) > 5 else None)
+        if data and given is not None:
+            # Its argument placeholders were made before this call, and asked already.
+            REGISTRY.graph_cache(given)["<data>"] = True
+        _tracing.for_data = getattr(_tracing, "for_data", 0) + data
+        try:
+            graph = original(*args, **kwargs)
+        finally:
+            _tracing.for_data -= data
         finish(graph)
         return graph
 
@@ -308,6 +323,31 @@ def hook_graph_ends() -> None:
 
     atomic_function.from_func_graph = from_func_graph
     _hooked = True
+
+
+_tracing = threading.local()  # for_data: tracings of tf.data functions in progress
+_SEP = os.sep
+#: Where TensorFlow's function-tracing machinery lives: the frames between the code that asked
+#: for a function and the tracing itself.
+_MACHINERY = (
+    *(f"{_SEP}tensorflow{_SEP}python{_SEP}{d}{_SEP}" for d in ("eager", "util", "autograph")),
+    f"{_SEP}tensorflow{_SEP}python{_SEP}framework{_SEP}func_graph.py",
+)
+_DATA = f"{_SEP}tensorflow{_SEP}python{_SEP}data{_SEP}"
+
+
+def _asked_by_data(frame: Any) -> bool:
+    """Whether the code that asked for this function to be traced, past TensorFlow's tracing
+    machinery, is tf.data's (a ``Dataset.map`` function, a distributed iterator's per-device
+    functions): such a function runs on tf.data's threads, ahead of the step."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if _DATA in name:
+            return True
+        if name != __file__ and not any(m in name for m in _MACHINERY):
+            return False
+        frame = frame.f_back
+    return False
 
 
 def variable_identity(graph: Any, handle: Any) -> str:
