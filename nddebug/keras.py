@@ -55,15 +55,27 @@ class DeterminismCheck(keras.callbacks.Callback):
             self.model.train_function = self._checked_step
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._restore()
+        self._step += max(1, batch - self._begin + 1)  # the steps this call trained
+
+    def _restore(self) -> None:
+        """Put the model's own train function back (once)."""
         if self._original is not None:
             self.model.train_function = self._original
             self._original = None
-        self._step += max(1, batch - self._begin + 1)  # the steps this call trained
 
     def _per_call(self) -> int:
         return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
 
     def _checked_step(self, iterator: Any) -> Any:
+        try:
+            return self._check_and_train(iterator)
+        finally:
+            # Also when the check raises (on_failure="raise" stops fit, and no batch end
+            # comes): a later fit or train_on_batch must not go on checking.
+            self._restore()
+
+    def _check_and_train(self, iterator: Any) -> Any:
         import tensorflow as tf
 
         from nddebug.check import check
@@ -72,12 +84,18 @@ class DeterminismCheck(keras.callbacks.Callback):
         # Every batch this call of the train function would have taken (steps_per_execution
         # of them, fewer at the end of the data), so the check covers them all and training
         # then goes on with each of them, as fit would have.
-        batches = [next(iterator)]
+        taken = [next(iterator)]
         for _ in range(self._per_call() - 1):
             try:
-                batches.append(next(iterator))
+                taken.append(next(iterator))
             except (StopIteration, tf.errors.OutOfRangeError):
                 break
+        batches = [_global_batch(model, data) for data in taken]
+        distributed = any(
+            isinstance(x, tf.distribute.DistributedValues)
+            for data in taken
+            for x in tf.nest.flatten(data)
+        )
 
         def batch_iterator() -> Any:
             # Same iterator type and element spec as fit's: the train function is not retraced.
@@ -90,6 +108,11 @@ class DeterminismCheck(keras.callbacks.Callback):
 
         def step() -> Any:
             model.make_train_function()  # check() has cleared it: built inside the trace
+            if distributed:
+                # Each replica's part as fit's iterator gave it, one train step per batch:
+                # a distributed iterator made per repeat would hand the step a new random
+                # incarnation id each time (an input that differs by design).
+                return model.train_function(iter(taken))
             return model.train_function(batch_iterator())
 
         report = check(step, repeats=self.repeats, state=model, advance=False)
@@ -106,3 +129,20 @@ class DeterminismCheck(keras.callbacks.Callback):
             )
             warnings.warn(f"nddebug: training {steps}:\n{report}", stacklevel=2)
         return outputs
+
+
+def _global_batch(model: Any, data: Any) -> Any:
+    """A batch as the dataset gave it: under a tf.distribute strategy fit's iterator hands
+    out each replica's part (PerReplica values), which are joined back in replica order, so
+    that distributing the batch again splits it as fit did."""
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    def join(x: Any) -> Any:
+        if isinstance(x, tf.distribute.DistributedValues):
+            parts = strategy.experimental_local_results(x)
+            return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+        return x
+
+    return tf.nest.map_structure(join, data)

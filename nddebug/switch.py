@@ -37,12 +37,22 @@ class Switch:
                     from tensorflow.python.eager import context
                     from tensorflow.python.ops import gen_resource_variable_ops as gen
 
-                    with context.eager_mode(), tf.device("/CPU:0"):
-                        handle = gen.var_handle_op(
-                            dtype=tf.int32, shape=[], shared_name=self.shared_name, container=""
-                        )
-                        gen.assign_variable_op(handle, tf.constant(0, tf.int32))
-                    self._handle = handle  # kept: the variable lives as long as the process
+                    handles = []
+                    with context.eager_mode():
+                        # One per CPU device of the process: a function that tf.distribute
+                        # runs on a second logical CPU reads the switch from that device's
+                        # resource manager, whatever device its read asks for.
+                        for device in _cpu_devices():
+                            with tf.device(device):
+                                handle = gen.var_handle_op(
+                                    dtype=tf.int32,
+                                    shape=[],
+                                    shared_name=self.shared_name,
+                                    container="",
+                                )
+                                gen.assign_variable_op(handle, tf.constant(0, tf.int32))
+                            handles.append((device, handle))
+                    self._handle = handles  # kept: the variables live as long as the process
         return self._handle
 
     def set(self, on: bool) -> None:
@@ -51,9 +61,10 @@ class Switch:
         from tensorflow.python.eager import context
         from tensorflow.python.ops import gen_resource_variable_ops as gen
 
-        handle = self._eager_handle()
-        with context.eager_mode(), tf.device("/CPU:0"):
-            gen.assign_variable_op(handle, tf.constant(1 if on else 0, tf.int32))
+        with context.eager_mode():
+            for device, handle in self._eager_handle():
+                with tf.device(device):
+                    gen.assign_variable_op(handle, tf.constant(1 if on else 0, tf.int32))
 
     def read(self, graph: Any) -> Any:
         """The switch as an int32 scalar tensor of ``graph``, read once per graph (per loop
@@ -79,3 +90,11 @@ class Switch:
             acd.run_independently(handle.op)
         self._reads[graph] = value
         return value
+
+
+def _cpu_devices() -> list[str]:
+    """The process's CPU devices (logical ones included), "/CPU:0" first."""
+    import tensorflow as tf
+
+    names = [d.name for d in tf.config.list_logical_devices("CPU")]
+    return names or ["/CPU:0"]

@@ -172,6 +172,40 @@ print(json.dumps({
     assert out["steps"] > 4 and out["data_ops"] == [], out
 
 
+def test_the_keras_callback_checks_fit_under_the_strategy_and_trains_as_usual() -> None:
+    """DeterminismCheck in fit under MirroredStrategy: fit's iterator hands out each replica's
+    part of the batch (PerReplica values), which the callback could not rebuild a batch from
+    ('PerReplica' object has no attribute 'shape'), and the step's reads of nddebug's switch
+    on the second device failed."""
+    out = run_python(
+        SETUP
+        + """
+from nddebug.keras import DeterminismCheck
+
+def fitted(callbacks):
+    keras.utils.set_random_seed(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
+    x = np.random.RandomState(0).randn(48, 6).astype("float32")
+    y = np.random.RandomState(1).randn(48, 1).astype("float32")
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=callbacks)
+    return [w.copy() for w in model.get_weights()]
+
+callback = DeterminismCheck(every_n_steps=2, repeats=2, on_failure="raise")
+checked = fitted([callback])
+plain = fitted([])
+print(json.dumps({
+    "reports": [r.ok for r in callback.reports],
+    "traced": [r.summary["ops_traced"] for r in callback.reports],
+    "equal": all(bool((a == b).all()) for a, b in zip(checked, plain)),
+}))
+"""
+    )
+    assert out["reports"] == [True, True] and min(out["traced"]) > 20, out
+    assert out["equal"], out
+
+
 def test_an_unseeded_random_op_after_the_all_reduce_parts_the_replicas() -> None:
     out = run_python(
         SETUP
