@@ -377,8 +377,11 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 f.role = "propagated"
     device = recordings[0].environment.get("emulated_device", "")
     setup = first_run_setup(findings, first_only)
+    data_writers = _data_function_writers(recordings)
     for f in findings:
         _explain(f, device)
+        if f.role == "source" and f.op.resource in data_writers:
+            _written_in_data(f, data_writers[f.op.resource])
         if f.key in setup:
             f.explanation = (
                 "ran in the first run only, which created variables (a first call builds the "
@@ -652,6 +655,33 @@ def not_compared(recordings: list[Recording]) -> list[str]:
 
 
 _PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue")
+
+
+def _data_function_writers(recordings: list[Recording]) -> dict[str, OpInfo]:
+    """The state (by resource identity) that a tf.data function of the step can write: a
+    dataset op that takes a variable's handle (a Python ``for`` loop over a dataset inside a
+    tf.function becomes ``ScanDataset`` and ``ReduceDataset``, its body a tf.data function).
+    tf.data runs those functions where nddebug does not record, so their writes are seen
+    only where the step reads the variable."""
+    return {
+        op.resource: op
+        for r in recordings
+        for op in r.ops.values()
+        if op.resource and op.op_type.endswith("Dataset")
+    }
+
+
+def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:
+    """A source that reads state a tf.data function writes: the difference arose in that
+    function, not in state carried over between runs."""
+    f.kind = "input pipeline"
+    where = f" at {dataset.location}" if dataset.location else ""
+    f.explanation = (
+        f"the variable is written inside a tf.data function ({dataset.op_type}{where}: a "
+        "Python for loop over a dataset inside a tf.function, or Dataset.scan/reduce/map), "
+        "which nddebug does not see into: the difference arose there, from the data the "
+        "loop was given (its order: an unseeded shuffle) or from an op inside its body"
+    )
 
 
 def _explain(f: OpFinding, device: str = "") -> None:

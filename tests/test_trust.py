@@ -503,6 +503,34 @@ def test_a_read_after_a_loop_that_wrote_more_times_in_another_run_is_not_a_sourc
     assert "source" not in set(reads["role"]), str(report)
 
 
+@pytest.mark.parametrize("seed", [None, 7])
+def test_a_variable_written_in_a_loop_over_a_dataset_names_the_pipeline(seed) -> None:
+    """`for b in dataset:` inside a tf.function becomes ScanDataset/ReduceDataset, the body a
+    tf.data function nddebug does not see into. With an unseeded shuffle the read after the
+    loop differs; it was a source of kind "other" with advice to restore state= (which was
+    restored). Seeded, the step is reproducible."""
+    v = tf.Variable(tf.ones([3]))
+    data = tf.data.Dataset.from_tensor_slices(np.arange(64, dtype="float32"))
+    # Seeded, each new iterator of the dataset would still draw another order (reshuffled
+    # every iteration), which the repeats of check() would rightly see.
+    ds = data.shuffle(64, seed=seed, reshuffle_each_iteration=seed is None).batch(4)
+
+    @tf.function
+    def step(d):
+        for b in d:
+            v.assign(v * 0.5 + tf.reduce_sum(b * tf.range(4, dtype=tf.float32)))
+        return v.read_value()
+
+    report = nddebug.check(step, ds, state=v, repeats=3)
+    if seed is not None:
+        assert report.ok, str(report)
+        return
+    assert not report.ok
+    (source,) = [f for f in report.comparison.findings if f.role == "source"]
+    assert source.op.op_type == "ReadVariableOp" and source.kind == "input pipeline", str(report)
+    assert "tf.data function (ScanDataset" in source.explanation, source.explanation
+
+
 # ----------------------------------------------------------------- what the user passes
 def _variable_step() -> tuple[object, tf.Variable, tf.Variable]:
     v = tf.Variable(tf.ones([4]))
