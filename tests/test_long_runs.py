@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import nddebug
@@ -77,6 +78,33 @@ def test_first_divergence_names_the_step_and_the_op() -> None:
     assert len(counts) == 200 and not any(counts[:136]) and all(counts[136:])
     assert report.summary["first_divergence"]["step"] == 137
     assert "first divergence: step 137" in report._repr_html_()
+
+
+@pytest.mark.parametrize("detail", ["ops", "steps"])
+def test_a_step_that_returns_nothing_is_a_step(detail: str) -> None:
+    """A tf.function with no arguments and no outputs (a step that updates variables and
+    returns nothing): its call was dropped (no output, no input digest), so its ops belonged
+    to no call, the run had no steps, and --steps/--bisect named step 1 of 1."""
+    w = tf.Variable(tf.ones([4]))
+    n = tf.Variable(0)
+
+    @tf.function
+    def step():
+        g = tf.cos(w) * 0.01
+        g = tf.cond(n >= 5, lambda: g + tf.random.uniform([4]) * 1e-3, lambda: g)
+        w.assign_sub(g)
+        n.assign_add(1)
+
+    recs = []
+    for _ in range(2):
+        w.assign(tf.ones([4]))
+        n.assign(0)
+        with nddebug.trace(detail=detail) as rec:
+            for _ in range(8):
+                step()
+        recs.append(rec)
+    fd = nddebug.compare(recs).first_divergence
+    assert fd is not None and (fd.step, fd.steps) == (6, 8), fd
 
 
 def test_identical_runs_have_no_first_divergence() -> None:

@@ -134,8 +134,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
         if value is not None:
             out_tensors = [value]
             note = "value of the variable after this update"
-    if not out_tensors and not in_digests:
-        return
+    if not out_tensors and not in_digests and not function:
+        return  # a function call is kept: the graph rows it delivered are its step's
     after_write = bool(note)  # the output is a variable's value after this op wrote it
     at, why = undefined.undefined_outputs(op_type, attrs) if not after_write else ((), "")
     if at:
