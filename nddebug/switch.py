@@ -93,8 +93,14 @@ class Switch:
 
 
 def _cpu_devices() -> list[str]:
-    """The process's CPU devices (logical ones included), "/CPU:0" first."""
+    """This process's CPU devices (logical ones included; not a cluster's other tasks')."""
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
+    try:
+        here = context.context().host_address_space()
+    except Exception:  # noqa: BLE001 - a context that cannot say: the first CPU alone
+        here = None
     names = [d.name for d in tf.config.list_logical_devices("CPU")]
-    return names or ["/CPU:0"]
+    local = [n for n in names if here is None or not n.startswith("/job:") or n.startswith(here)]
+    return local or ["/CPU:0"]
