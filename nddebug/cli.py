@@ -172,6 +172,17 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    streams = sys.stdout, sys.stderr
+    # A reader that stops reading (`| head`, `2>&1 | head`) is not an error of the command:
+    # what is left to write is dropped, the runs go on, and the exit code gives the verdict.
+    sys.stdout, sys.stderr = _Unbroken(sys.stdout), _Unbroken(sys.stderr)
+    try:
+        return _main(args)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         commands = {"run": _run, "report": _report, "diff": _diff, "ops": _ops, "census": _census}
         return commands[args.command](args)
@@ -196,16 +207,41 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def _say(text: str = "") -> None:
-    """Print a line of the result to standard output. A reader that stops reading (``| head``)
-    is not an error of the command: the rest is dropped, and the exit code still gives the
-    verdict (it said "error", exit 2, over a Broken pipe)."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
+    """Print a line of the result to standard output, now (see :class:`_Unbroken`)."""
+    print(text, flush=True)
+
+
+class _Unbroken:
+    """A text stream whose reader may be gone: the first write or flush that meets a closed
+    pipe points the file descriptor at /dev/null (so nothing buffered fails later, at exit)
+    and the command goes on. It said "nddebug: error: [Errno 32] Broken pipe" and exited 2
+    (1 where the error message itself met the closed pipe) over a verdict of 0 or 1."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
-        os.close(devnull)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def render(report: Any, fmt: str) -> str:

@@ -104,7 +104,7 @@ def test_bad_input_is_one_clear_line_and_exit_two(args, message) -> None:
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("command", ["ops", "report"])
+@pytest.mark.parametrize("command", ["ops", "report", "run"])
 def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
     command: str, tmp_path
 ) -> None:
@@ -131,6 +131,14 @@ def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
         path = str(tmp_path / "runs.nddebug")
         save(recs, path)
         args, expected = ["report", path], 1
+    if command == "run":
+        # `nddebug run ... 2>&1 | head -1`: the progress lines meet the closed pipe too.
+        script = tmp_path / "same.py"
+        script.write_text(
+            "import tensorflow as tf\nimport nddebug\nwith nddebug.trace():\n"
+            "    tf.reduce_sum(tf.ones([4]) * 2.0)\n"
+        )
+        args, expected = ["run", "-n", "2", str(script)], 0
     env = subprocess_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "nddebug", *args],
@@ -141,6 +149,10 @@ def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
     )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line is written
+    if command == "run":
+        proc.stderr.close()
+        assert proc.wait(timeout=300) == expected
+        return
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == expected, err
     assert "error" not in err and "Broken pipe" not in err, err
