@@ -517,7 +517,14 @@ def _state_propagation(
         elif f.op.op_type == "Step" and f is not first_step:
             # Steps after the first divergent one may only carry it on.
             f.role = "propagated"
-        elif f.op.function == "instrumented" or (f.op.op_type == "VariableState" and explained):
+        elif f.op.function == "instrumented":
+            # Its inner ops explain it, when one of them (or anything else) differed; if none
+            # did, the difference arose in a part of it that was not recorded (a function
+            # traced before the block, or loaded from a SavedModel, called inside it): it
+            # stays the source (see _explain).
+            if any(g is not f and g.op.op_type not in PSEUDO_OPS for g in findings):
+                f.role = "propagated"
+        elif f.op.op_type == "VariableState" and explained:
             f.role = "propagated"
 
 
@@ -726,6 +733,15 @@ def _explain(f: OpFinding, device: str = "") -> None:
         return
     if op.function in OPAQUE:
         _explain_opaque(f, device)
+        return
+    if op.function == "instrumented":
+        f.kind = "uninstrumented function"
+        f.explanation = (
+            "a call of a function nddebug instrumented gave different outputs from identical "
+            "inputs, but none of the ops recorded inside it differed: the difference arose in "
+            "a part it could not record (a function traced before the block, or loaded from a "
+            "SavedModel, called inside it: see the warnings)"
+        )
         return
     if op.op_type == "Step":
         f.kind = "other"

@@ -193,3 +193,32 @@ def test_a_savedmodel_call_is_compared_or_said_not_compared(tmp_path) -> None:
     loaded.update(tf.zeros([16]))
     report = runs(loaded)
     assert not report.ok and report.sources.iloc[0].kind == "random", str(report)
+
+
+def test_a_loaded_function_that_differs_inside_is_named_as_unseen_not_python_side(
+    tmp_path,
+) -> None:
+    """check() of a SavedModel's function with an unseeded dropout inside: check retraces the
+    wrapper, whose only op is a call TensorFlow adds without telling nddebug. The wrapper's
+    call was the source "its inputs already differed when they entered TensorFlow", with
+    advice about PYTHONHASHSEED, though its inputs were identical."""
+
+    class Module(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.random.stateless_normal([6, 1], seed=[1, 2]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 6]), tf.TensorSpec([None, 1])])
+        def train(self, x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((tf.nn.dropout(x, 0.3) @ self.w - y) ** 2)
+            self.w.assign_sub(0.1 * tape.gradient(loss, self.w))
+            return loss
+
+    tf.saved_model.save(Module(), str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    x = tf.constant(np.random.RandomState(0).randn(16, 6).astype("float32"))
+    report = nddebug.check(loaded.train, x, tf.ones([16, 1]), state=loaded, repeats=3)
+    assert not report.ok
+    (source,) = [f for f in report.comparison.findings if f.role == "source"]
+    assert source.kind == "uninstrumented function", str(report)
+    assert "none of the ops recorded inside it differed" in source.explanation
