@@ -151,6 +151,8 @@ _DATA_TABLES = ("runs", "ops", "events", "reruns", "captured", "chunks")
 def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connection:
     if not create and not os.path.exists(path):
         raise RecordingFileError(f"{path}: no such recording file")
+    if os.path.isdir(path):
+        raise RecordingFileError(f"{path} is a folder: name a recording file in it")
     try:
         con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, check_same_thread=not threads)
         con.execute("PRAGMA foreign_keys = ON")

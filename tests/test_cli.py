@@ -95,6 +95,7 @@ def test_diff_names_the_op_whose_kernel_changed_under_op_determinism(tmp_path) -
         (("run", "-n", "1", "x.py"), "at least 2"),
         (("run", "no_such_script.py"), "no such script"),
         (("report", "missing.nddebug"), "no such recording file"),
+        (("report", "tests"), "tests is a folder: name a recording file in it"),
         (("run", "--hashseed", "abc", os.path.join(SCRIPTS, "hash_order.py")), "--hashseed"),
     ],
 )

@@ -493,7 +493,7 @@ def _bad_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "other-format": (other_meta, "not an nddebug recording"),
         "newer-version": (newer, "newer"),
         "missing": (tmp_path / "missing.ndd", "no such"),
-        "directory": (tmp_path, "cannot open"),
+        "directory": (tmp_path, "is a folder: name a recording file in it"),
     }
 
 
