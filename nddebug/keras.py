@@ -97,12 +97,19 @@ class DeterminismCheck(keras.callbacks.Callback):
             for x in tf.nest.flatten(data)
         )
 
+        spec = getattr(iterator, "element_spec", None)
+
         def batch_iterator() -> Any:
-            # Same iterator type and element spec as fit's: the train function is not retraced.
+            # Same iterator type and element spec as fit's: the train function is not
+            # retraced. A spec with a static batch size (fit on arrays) is met by the batch
+            # as one element; a traced function with an unknown batch size counted each
+            # output's loss once per batch, not per sample (fit's History changed).
             ds = None
             for data in batches:
-                size = int(tf.nest.flatten(data)[0].shape[0])
-                one = tf.data.Dataset.from_tensor_slices(data).batch(size)
+                one = tf.data.Dataset.from_tensors(data)
+                if one.element_spec != spec:
+                    size = int(tf.nest.flatten(data)[0].shape[0])
+                    one = tf.data.Dataset.from_tensor_slices(data).batch(size)
                 ds = one if ds is None else ds.concatenate(one)
             return iter(model.distribute_strategy.experimental_distribute_dataset(ds))
 

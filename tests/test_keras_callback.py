@@ -68,6 +68,44 @@ def test_a_check_covers_every_batch_of_a_call_with_steps_per_execution() -> None
     )
 
 
+def test_fit_history_is_unchanged_by_the_callback_on_a_two_output_model() -> None:
+    """fit on arrays gives batches of a static size; the callback handed the train function
+    batches of an unknown size, so the traced step counted each output's loss once per batch
+    instead of per sample: the weights stayed equal, but fit's History per-output losses
+    changed (a model fitted once before, as any second fit is)."""
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((5,)), keras.Input((3,))
+    h = keras.layers.Concatenate()([keras.layers.Dense(8, activation="relu")(a), b])
+    model = keras.Model([a, b], [keras.layers.Dense(1)(h), keras.layers.Dense(3)(h)])
+    model.compile(
+        keras.optimizers.Adam(0.01),
+        loss=["mse", keras.losses.SparseCategoricalCrossentropy(from_logits=True)],
+        loss_weights=[0.3, 1.0],
+        jit_compile=False,
+    )
+    rng = np.random.RandomState(0)
+    x = [rng.randn(64, 5).astype("float32"), rng.randn(64, 3).astype("float32")]
+    y = [rng.randn(64, 1).astype("float32"), rng.randint(0, 3, 64)]
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    variables = list(model.variables) + list(model.optimizer.variables)
+    start = [v.numpy() for v in variables]
+
+    def fit(callbacks: list) -> tuple[dict, list[bytes]]:
+        for v, value in zip(variables, start, strict=True):
+            v.assign(value)
+        history = model.fit(
+            x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=callbacks
+        )
+        return history.history, [v.numpy().tobytes() for v in variables]
+
+    plain = fit([])
+    callback = DeterminismCheck(every_n_steps=2, repeats=2, on_failure="raise")
+    checked = fit([callback])
+    assert len(callback.reports) == 2 and all(r.ok for r in callback.reports)
+    assert checked[1] == plain[1]
+    assert checked[0] == plain[0], (checked[0], plain[0])
+
+
 class NoisyLayer(keras.layers.Layer):
     def call(self, x):
         return x + 0.01 * tf.random.uniform(tf.shape(x))  # unseeded, stateful
