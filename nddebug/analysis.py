@@ -413,6 +413,14 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 f.role = "propagated"
         findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
     warnings = sorted({w for r in recordings for w in r.warnings})
+    programs = sorted({str(r.environment.get("program") or "") for r in recordings} - {""})
+    if len(programs) > 1:
+        warnings.insert(
+            0,
+            f"the runs were recorded by different programs ({', '.join(programs)}): a "
+            "comparison says something only between runs of one script (were two scripts' "
+            "runs appended to one file with nddebug run -o?)",
+        )
     xla = [w for w in warnings if w.endswith(XLA_NOTE)]
     if len(xla) > 1:  # runs that traced more saw more functions: keep the fullest, once
         warnings = [w for w in warnings if w not in xla or w == max(xla, key=len)]

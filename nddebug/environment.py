@@ -34,6 +34,9 @@ def capture() -> dict[str, Any]:
         "tensorflow": tf.__version__,
         "numpy": np.__version__,
         "env": {k: os.environ[k] for k in _SWITCHES if k in os.environ},
+        # The script that recorded it, by file name (the same on every machine): runs of two
+        # scripts appended to one file are told apart (see analysis.compare_recordings).
+        "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
     }
     try:
         import keras

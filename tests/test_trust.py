@@ -531,6 +531,21 @@ def test_a_variable_written_in_a_loop_over_a_dataset_names_the_pipeline(seed) ->
     assert "tf.data function (ScanDataset" in source.explanation, source.explanation
 
 
+def test_runs_of_two_programs_are_compared_with_a_warning() -> None:
+    """Two scripts' runs appended to one file (nddebug run -o twice) were compared as if one
+    script had run four times, with no word that they came from different programs."""
+    recs = []
+    for _ in range(2):
+        with nddebug.trace() as rec:
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+        recs.append(rec)
+    assert recs[0].environment["program"]  # the file name of what recorded it
+    assert not any("different programs" in w for w in nddebug.compare(recs).warnings)
+    recs[1].environment["program"] = "other_script.py"
+    report = nddebug.compare(recs)
+    assert any("different programs" in w and "other_script.py" in w for w in report.warnings)
+
+
 # ----------------------------------------------------------------- what the user passes
 def _variable_step() -> tuple[object, tf.Variable, tf.Variable]:
     v = tf.Variable(tf.ones([4]))
