@@ -297,7 +297,8 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     for u in all_units:
         by_key[u[1]].append(u)
 
-    ref_seq = {u: ev.seq for u, ev in per_run_units[0].items()}
+    run_seqs = [{u: ev.seq for u, ev in pu.items()} for pu in per_run_units]
+    ref_seq = run_seqs[0]
     findings: list[OpFinding] = []
     unreadable: set[str] = set()
     first_only: set[str] = set()  # ops that ran in the first run only
@@ -365,9 +366,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
         )
     replicas.demote_collectives(findings, recordings, per_run_units)
-    _state_propagation(
-        findings, ref_seq, [{u: ev.seq for u, ev in pu.items()} for pu in per_run_units]
-    )
+    _state_propagation(findings, run_seqs)
     _fused_chains(findings)
     _entry_point(findings)
     if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
@@ -447,9 +446,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     )
 
 
-def _state_propagation(
-    findings: list[OpFinding], ref_seq: dict[Unit, int], run_seqs: list[dict[Unit, int]]
-) -> None:
+def _state_propagation(findings: list[OpFinding], run_seqs: list[dict[Unit, int]]) -> None:
     """Divergence also flows through variables (and other state behind a resource handle:
     tables, queues, iterators) and function calls:
     - a read or an update that follows a divergent update of the same variable differs
@@ -461,7 +458,9 @@ def _state_propagation(
     - the value a variable holds after the step (VariableState) differs because of the ops
       found above, when there are any;
     - the call of an instrumented tf.function returns what the ops inside it computed;
-    - an op that reads only shapes (SHAPE_ONLY_OPS) differs because a shape upstream did."""
+    - an op that reads only shapes (SHAPE_ONLY_OPS) differs because a shape upstream did.
+    The first run is the reference: its order places a finding (first_seq)."""
+    ref_seq = run_seqs[0]
     # Per variable, the seq of its first divergent update in each run (run, None), and in
     # each call of each run (run, call): "any update before u" is "the first one before u".
     first_write: dict[str, dict[tuple[int, int | None], int]] = defaultdict(dict)

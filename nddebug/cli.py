@@ -179,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args)
     finally:
+        sys.stdout.flush()  # what print() left buffered meets a gone reader here, not at exit
+        sys.stderr.flush()
         sys.stdout, sys.stderr = streams
 
 
