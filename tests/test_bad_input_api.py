@@ -51,6 +51,17 @@ def test_an_interrupted_run_is_not_compared_as_complete() -> None:
     assert "exception inside the block" in str(report)
 
 
+@pytest.mark.parametrize("code, status", [(0, "complete"), (None, "complete"), (3, "interrupted")])
+def test_a_block_ended_by_sys_exit_is_complete_only_when_the_exit_is_clean(code, status) -> None:
+    """sys.exit(0) inside a block ends the program as meant: its run is whole, and comparing
+    it must not say "compared only as far as they ran" (exit code 1 under nddebug run)."""
+    with pytest.raises(SystemExit):
+        with nddebug.trace() as rec:
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+            raise SystemExit(code)
+    assert rec.status == status
+
+
 def test_runs_of_different_setups_are_said_next_to_the_verdict() -> None:
     recs = _runs()
     env = dict(recs[1].environment)

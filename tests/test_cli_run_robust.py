@@ -84,6 +84,29 @@ def test_a_chatty_script_does_not_hang_and_each_run_has_its_progress_line(tmp_pa
         assert re.fullmatch(f"nddebug: run {i}/2: {re.escape(script)} … {done}", line), line
 
 
+def test_a_script_that_exits_cleanly_inside_its_block_is_reproducible(tmp_path) -> None:
+    """sys.exit(0) inside the block was an interrupted run: "not everything compared", exit 1."""
+    script = _script(
+        tmp_path,
+        "exits.py",
+        """
+        import sys
+
+        import tensorflow as tf
+
+        import nddebug
+
+        with nddebug.trace():
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+            sys.exit(0)
+        """,
+    )
+    result = _nddebug("run", "-n", "2", script)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "reproducible — 2 runs" in result.stdout
+    assert "exception inside the block" not in result.stdout
+
+
 def test_show_output_passes_the_runs_output_through_to_standard_error(tmp_path) -> None:
     script = _script(tmp_path, "chatty.py", CHATTY)
     result = _nddebug("run", "-n", "2", "--show-output", script)

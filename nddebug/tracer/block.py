@@ -75,6 +75,12 @@ def trace(
     recorder.start()
     try:
         yield rec
+    except SystemExit as exc:
+        # sys.exit(0) (or sys.exit()) inside the block ends the program as it was meant to
+        # end: what ran is the whole run. Another code is a failure, as any exception is.
+        if exc.code not in (None, 0):
+            rec.status = "interrupted"
+        raise
     except BaseException:
         rec.status = "interrupted"
         raise
