@@ -206,6 +206,30 @@ print(json.dumps({
     assert out["equal"], out
 
 
+def test_ops_made_on_replica_threads_name_the_users_fit_line_and_their_layer() -> None:
+    """Keras's train step under MirroredStrategy is traced on the strategy's replica threads,
+    whose stacks hold no user frame: their ops had an empty "created at"."""
+    out = run_python(
+        SETUP
+        + """
+user_code = (
+    "with strategy.scope():\\n"
+    "    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4)])\\n"
+    "    model.compile('sgd', 'mse', jit_compile=False)\\n"
+    "x = np.ones((16, 6), 'float32')\\n"
+    "with nddebug.trace() as rec:\\n"
+    "    model.fit(x, x[:, :4], batch_size=8, verbose=0)\\n"
+)
+exec(compile(user_code, "user_train.py", "exec"))
+replica = [i for i in rec.ops.values() if i.op_type == "MatMul"]
+print(json.dumps({"locations": [i.location for i in replica]}))
+"""
+    )
+    assert len(out["locations"]) >= 2, out  # one per replica
+    for where in out["locations"]:
+        assert "user_train.py:6 (<module>) in " in where and "dense" in where, out
+
+
 def test_an_unseeded_random_op_after_the_all_reduce_parts_the_replicas() -> None:
     out = run_python(
         SETUP

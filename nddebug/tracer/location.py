@@ -10,6 +10,7 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 from typing import Any
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,10 +64,37 @@ def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
             if _through_model_library(frames, i + 1, n):
                 # Made inside a model library called from here: every op of a Keras step
                 # would name the same `fit` line; the name scope says which layer made it.
-                scope = str(getattr(op, "name", "")).rpartition("/")[0]
-                if scope:
-                    where += f" in {scope}"
+                where += _scope(op)
             return where
+    caller = _distribution_caller(lib_dirs)
+    return caller + _scope(op) if caller else ""
+
+
+def _scope(op: Any) -> str:
+    scope = str(getattr(op, "name", "")).rpartition("/")[0]
+    return f" in {scope}" if scope else ""
+
+
+_DISTRIBUTE = f"{os.sep}tensorflow{os.sep}python{os.sep}distribute{os.sep}"
+
+
+def _distribution_caller(lib_dirs: tuple[str, ...]) -> str:
+    """The user's line for an op made on a thread that runs no user code: a replica thread of
+    ``MirroredStrategy`` tracing Keras's train step, whose stack starts in ``threading`` and
+    holds only TensorFlow and Keras frames. The thread that called the strategy (``fit``, or
+    a loop's ``strategy.run``) waits inside ``tensorflow/python/distribute`` meanwhile: its
+    innermost user frame is the line that made the op run."""
+    me = threading.get_ident()
+    for ident, top in sys._current_frames().items():
+        if ident == me:
+            continue
+        frame, waits = top, False
+        while frame is not None:
+            name = frame.f_code.co_filename
+            waits = waits or _DISTRIBUTE in name
+            if waits and is_user_file(name, lib_dirs):
+                return format_location(name, frame.f_lineno, frame.f_code.co_name)
+            frame = frame.f_back
     return ""
 
 
