@@ -227,7 +227,49 @@ def _swish_depthwise_block() -> Workload:
     return _gated_classifier(inp, x, s, data_seed=3)
 
 
+def _add_bias_tanh_sigmoid() -> Workload:
+    """Hand-written layers that add their bias with `+` (AddV2) before tanh and sigmoid: with
+    oneDNN on, grappler fuses MatMul + that Add + the activation into one kernel, which
+    rounds otherwise; a digest of the sum kept the fusion from happening (234 of 512 tanh
+    outputs differed)."""
+    w1 = tf.Variable(tf.random.stateless_normal([16, 16], seed=[5, 6]) * 0.3)
+    b1 = tf.Variable(tf.random.stateless_normal([16], seed=[7, 8]) * 0.1)
+    w2 = tf.Variable(tf.random.stateless_normal([16, 4], seed=[9, 10]) * 0.3)
+    b2 = tf.Variable(tf.zeros([4]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.tanh(x @ w1 + b1)
+            loss = tf.reduce_sum(tf.sigmoid(h @ w2 + b2) ** 2)
+        variables = [w1, b1, w2, b2]
+        for v, g in zip(variables, tape.gradient(loss, variables), strict=True):
+            v.assign_sub(0.1 * g)
+        return loss
+
+    return step, (tf.random.stateless_normal([32, 16], seed=[1, 1]),), [w1, b1, w2, b2]
+
+
+def _product_over_a_constant() -> Workload:
+    """(x * tanh(x)) / 6: the gradient with respect to the constant 6 reads the product and
+    is pruned, and grappler then folds the 6 into the product (x * (tanh(x) / 6)) as the
+    product has one reader left. The product's record, made for that pruned reader, was the
+    second reader that kept the plain program's fold from happening."""
+    w = tf.Variable(tf.random.stateless_normal([32, 16], seed=[2, 3]))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((w * tf.tanh(w) / 6.0) ** 2)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    return step, (), [w]
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "add_bias_tanh_sigmoid": _add_bias_tanh_sigmoid,
+    "product_over_a_constant": _product_over_a_constant,
     "squeeze_excite_hard_swish": _squeeze_excite_hard_swish,
     "swish_depthwise_block": _swish_depthwise_block,
     "addn_unknown_shape": _addn_unknown_shape,

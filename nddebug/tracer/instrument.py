@@ -212,6 +212,9 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     return d
 
 
+#: Per-graph cache entry: every Deferred of the graph, with the tensor it stands for.
+DEFERRED = "<deferred>"
+
 #: Per-graph cache entry: sum-chain intermediates only pass-through ops (Identity, Reshape)
 #: have read so far; recorded when the graph is complete unless a sum covered them.
 _PASSED = "nddebug:passed-through"
@@ -848,6 +851,9 @@ def instrument_op(
     if defer and not payload:
         # Recorded once an op it does not fuse with reads it (see Deferred).
         deferred = Deferred(op_type, in_digests, emit, key, fused_with, inside)
-        REGISTRY.graph_cache(graph)[out_tensors[0].name] = deferred
+        cache = REGISTRY.graph_cache(graph)
+        cache[out_tensors[0].name] = deferred
+        # Its entry above becomes the digest once recorded; unneeded.py looks them all up.
+        cache.setdefault(DEFERRED, []).append((out_tensors[0], deferred))
         return None
     return emit()[0]

@@ -75,6 +75,25 @@ def _reads_unneeded(graph_ops: list[Any], use: set[Any]) -> set[Any]:
     return {op for op, bad in state.items() if bad}
 
 
+def _fused_after_pruning(graph: Any, use: set[Any]) -> set[Any]:
+    """Records of intermediates that a consumer fused with (``instrument.Deferred``: that
+    consumer's record holds the intermediate's inputs), made all the same because another
+    consumer read the value, which the program does not need. The plain program prunes that
+    reader, and the intermediate is left with one consumer, which grappler may rewrite with it
+    ((x * y) / 6 -> x * (y / 6) in a hard-swish gradient, where the gradient with respect to
+    the constant 6 is pruned): the record would be the second consumer that stops it."""
+    from nddebug.tracer.instrument import DEFERRED  # instrument imports this module
+
+    found = set()
+    for tensor, d in REGISTRY.graph_cache(graph).get(DEFERRED, ()):
+        if not (d.done and d.covered) or d.sender is None:
+            continue
+        readers = {c for c in tensor.consumers() if not ours(c) and c in use}
+        if len(readers) <= 1:
+            found.add(d.sender)
+    return found
+
+
 def cut_unneeded_records(graph: Any) -> None:
     """Take nddebug's ops that read an unneeded op out of what ``graph`` must run (its
     control outputs and other ops' control inputs), and put back those cut earlier that are
@@ -84,7 +103,8 @@ def cut_unneeded_records(graph: Any) -> None:
     if control is None or not hasattr(graph, "outputs"):
         return
     graph_ops = graph.get_operations()
-    dead = _reads_unneeded(graph_ops, needed(graph))
+    use = needed(graph)
+    dead = _reads_unneeded(graph_ops, use) | _fused_after_pruning(graph, use)
     cache = REGISTRY.graph_cache(graph)
     cut: list[Any] = cache.setdefault(_CUT, [])
     for op in cut:
