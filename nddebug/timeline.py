@@ -98,12 +98,19 @@ def steps_among(eager: list[tuple[int, OpInfo | None]]) -> list[int]:
         if op.op_type == STEP_OP:
             folded.append(seq)
         elif op.function or op.op_type == "Session.run":
-            calls[op.key] += 1
-            first.setdefault(op.key, seq)
+            calls[_callee(op)] += 1
+            first.setdefault(_callee(op), seq)
     if not calls:
         return folded
     top = max(calls, key=lambda k: (calls[k], -first[k]))
-    return sorted(folded + [seq for seq, op in eager if op is not None and op.key == top])
+    return sorted(folded + [seq for seq, op in eager if op is not None and _callee(op) == top])
+
+
+def _callee(op: OpInfo) -> str:
+    """What a top-level call calls: its key without the line it was called from
+    (``eager:__inference_step@train.py:40 (main)`` -> ``eager:__inference_step``), so that one
+    function called from two loops (a first epoch, then the rest) is one training step."""
+    return op.key.partition("@")[0] if op.function else op.key
 
 
 def step_of(steps: list[int], call_seq: int) -> int | None:

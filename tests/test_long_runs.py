@@ -345,3 +345,30 @@ def test_long_runs_in_a_file_are_compared_as_arrays(tmp_path: Any) -> None:
     assert summary["first_divergence"]["step"] == 137
     assert summary["op_executions_per_run"] == 2000
     assert any("compared as digests" in n for n in summary["notes"]), summary["notes"]
+
+
+@pytest.mark.parametrize("detail", ["ops", "steps"])
+def test_one_step_function_called_from_two_loops_is_one_training_step(detail: str) -> None:
+    """Steps 1-5 from one loop, 6-10 from another: the full-detail report counted the calls of
+    one line only ("step 5 of 5") where --steps said step 7 of 10."""
+    w = tf.Variable(tf.ones([4]))
+
+    @tf.function
+    def step(x):
+        w.assign_sub(tf.sin(w * x) * 0.01)
+        return tf.reduce_sum(w)
+
+    recs = []
+    for run in range(2):
+        w.assign(tf.ones([4]))
+        xs = [1.0] * 10
+        if run:
+            xs[6] = 1.5  # step 7 gets another input in the second run
+        with nddebug.trace(detail=detail) as rec:
+            for x in xs[:5]:
+                step(tf.constant(x))
+            for x in xs[5:]:
+                step(tf.constant(x))
+        recs.append(rec)
+    fd = nddebug.compare(recs).first_divergence
+    assert fd is not None and (fd.step, fd.steps) == (7, 10), fd
