@@ -201,7 +201,9 @@ def test_a_loaded_function_that_differs_inside_is_named_as_unseen_not_python_sid
     """check() of a SavedModel's function with an unseeded dropout inside: check retraces the
     wrapper, whose only op is a call TensorFlow adds without telling nddebug. The wrapper's
     call was the source "its inputs already differed when they entered TensorFlow", with
-    advice about PYTHONHASHSEED, though its inputs were identical."""
+    advice about PYTHONHASHSEED, though its inputs were identical. That inner call is now
+    instrumented when the wrapper's return value reads it: it is the source, and the random
+    op inside it is why."""
 
     class Module(tf.Module):
         def __init__(self) -> None:
@@ -220,5 +222,6 @@ def test_a_loaded_function_that_differs_inside_is_named_as_unseen_not_python_sid
     report = nddebug.check(loaded.train, x, tf.ones([16, 1]), state=loaded, repeats=3)
     assert not report.ok
     (source,) = [f for f in report.comparison.findings if f.role == "source"]
-    assert source.kind == "uninstrumented function", str(report)
-    assert "none of the ops recorded inside it differed" in source.explanation
+    assert source.op.op_type == "StatefulPartitionedCall" and source.kind == "random", str(report)
+    assert "entered TensorFlow" not in source.explanation, str(report)
+    assert "inner ops are not recorded" in str(report)

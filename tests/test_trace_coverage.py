@@ -166,3 +166,24 @@ def test_plain_assignments_record_the_written_value_eagerly_and_in_graphs() -> N
         and rec.ops[ev.op_id].note == "value of the variable after this update"
     ]
     assert written == [digest_numpy(new.numpy()), digest_numpy(new.numpy() * 2.0)]
+
+
+def test_a_random_op_inside_vectorized_map_is_the_source() -> None:
+    """pfor makes the vectorized ops without op callbacks: the unseeded dropout's random op
+    ran unrecorded, and the SelectV2 that read it was blamed as if its input came from
+    outside TensorFlow."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(
+            tf.vectorized_map(lambda r: tf.nn.dropout(tf.linalg.matvec(w, r), 0.5), x)
+        )
+
+    x = tf.random.stateless_normal([3, 4], seed=[3, 4])
+    report = nddebug.check(step, x, repeats=3, state=[w])
+    assert not report.ok
+    sources = report.sources
+    assert list(sources["op_type"]) == ["RandomUniform"], report
+    assert set(sources["kind"]) == {"random"}, report
+    assert "test_trace_coverage.py" in sources["location"].iloc[0]

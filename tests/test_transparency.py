@@ -267,7 +267,29 @@ def _product_over_a_constant() -> Workload:
     return step, (), [w]
 
 
+def _vectorized_map_and_jacobian() -> Workload:
+    """tf.vectorized_map and a Jacobian (pfor): the loop body is built once as a template and
+    vectorized ops are made from it without op callbacks. Recorded, the template's records
+    were vectorized into while loops of their own."""
+    w = tf.Variable(tf.random.stateless_normal([6, 6], seed=[4, 4]) * 0.5)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            rows = tf.vectorized_map(lambda r: tf.tanh(tf.linalg.matvec(w, r)) * 2.0, x)
+            loss = tf.reduce_sum(rows**2)
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            y = tf.sin(x @ w)
+        jac = outer.batch_jacobian(y, x)
+        w.assign_sub(0.01 * tape.gradient(loss, w) + 1e-3 * tf.reduce_mean(jac, axis=0))
+        return loss
+
+    return step, (tf.random.stateless_normal([5, 6], seed=[8, 9]),), [w]
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "vectorized_map_and_jacobian": _vectorized_map_and_jacobian,
     "add_bias_tanh_sigmoid": _add_bias_tanh_sigmoid,
     "product_over_a_constant": _product_over_a_constant,
     "squeeze_excite_hard_swish": _squeeze_excite_hard_swish,

@@ -328,6 +328,47 @@ def hook_graph_ends() -> None:
     _hooked = True
 
 
+_pfor_hooked = False
+
+
+def hook_pfor() -> None:
+    """Keep nddebug's ops out of what ``tf.vectorized_map`` (pfor) vectorizes. pfor builds
+    the loop body once as a template, for one iteration, and makes vectorized ops from it;
+    the template itself never runs. Its records would be vectorized too, each into a
+    ``while_loop`` that records garbage, and would keep the template running. So pfor is
+    given the template without them, the template's ops lose their ordering edges from them
+    (pfor would carry those over), and the records, now reading ops nothing needs, are cut
+    when the function is complete (:mod:`unneeded`). The vectorized ops are made without op
+    callbacks and are instrumented when an instrumented op reads them (:func:`_catch_up`).
+    A template inside a function body that pfor converts (not the graph being built) is
+    left as it is: that function is not this graph's to change."""
+    global _pfor_hooked
+    if _pfor_hooked:
+        return
+    from tensorflow.python.framework import ops as tf_ops
+    from tensorflow.python.ops.parallel_for import pfor as pfor_module
+
+    original = pfor_module.PFor.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, loop_var: Any, loop_len: Any, pfor_ops: Any, *args: Any, **kw: Any):
+        template = list(pfor_ops)
+        graph = tf_ops.get_default_graph()
+        if any(unneeded.ours(op) for op in template) and all(op.graph is graph for op in template):
+            for op in template:
+                if unneeded.ours(op):
+                    continue
+                keep = [c for c in op.control_inputs if not unneeded.ours(c)]
+                if len(keep) != len(op.control_inputs):
+                    op._remove_all_control_inputs()
+                    op._add_control_inputs(keep)
+            pfor_ops = [op for op in template if not unneeded.ours(op)]
+        original(self, loop_var, loop_len, pfor_ops, *args, **kw)
+
+    pfor_module.PFor.__init__ = __init__
+    _pfor_hooked = True
+
+
 _tracing = threading.local()  # for_data: tracings of tf.data functions in progress
 _SEP = os.sep
 #: Where TensorFlow's function-tracing machinery lives: the frames between the code that asked
@@ -647,6 +688,58 @@ def _key_base(graph: Any, op: Any) -> str:
     return f"{graph_key(graph)}/{ops.UID_IN_NAME.sub('', op.name)}"
 
 
+#: Per-graph cache entry: names of the graph's ops the op callback was handed (nddebug's own
+#: included). Any other op was made without op callbacks (``Graph.create_op``: the ops
+#: ``tf.vectorized_map`` and ``jacobian`` make from a loop body), and is instrumented when an
+#: instrumented op reads it (:func:`_catch_up`).
+SEEN = "<seen ops>"
+
+
+def note_seen(graph: Any, op_name: str | None) -> None:
+    """The op callback was handed this op (whether or not nddebug instruments it)."""
+    if op_name:
+        REGISTRY.graph_cache(graph).setdefault(SEEN, set()).add(op_name)
+
+
+def _note_replacements(graph: Any, outputs: Any, op_name: str) -> None:
+    """Another op callback (``nddebug.emulate_gpu``, tfdbg2) handed on other outputs than the
+    op's own, made by ops it created inside its callback, which no callback is handed. They
+    are recorded as this op's outputs: they must not be caught up as ops of their own (their
+    record would wait for this op's record, which reads them: a cycle)."""
+    seen = REGISTRY.graph_cache(graph).setdefault(SEEN, set())
+    stack = [t.op for t in outputs]
+    while stack:
+        op = stack.pop()
+        if op.graph is not graph or op.name == op_name or op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+
+
+def _catch_up(rec: Any, graph: Any, inputs: Any) -> None:
+    """Instrument the ops that ``inputs`` come from which were made without op callbacks,
+    and theirs before them: without it, a random op that ``tf.vectorized_map`` vectorized
+    ran unrecorded and the first recorded op that read it was blamed, as if the difference
+    came from outside TensorFlow."""
+    seen = REGISTRY.graph_cache(graph).setdefault(SEEN, set())
+    order: list[Any] = []
+    stack = [(t.op, False) for t in inputs]
+    while stack:
+        op, expanded = stack.pop()
+        if expanded:
+            order.append(op)
+            continue
+        if op.graph is not graph or op.name in seen or unneeded.ours(op):
+            continue
+        seen.add(op.name)  # marked first: each is instrumented once, after its inputs' ops
+        stack.append((op, True))
+        stack.extend((t.op, False) for t in op.inputs)
+    for op in order:
+        instrument_op(
+            rec, op.type, list(op.inputs), dict(op.node_def.attr), list(op.outputs), op.name, graph
+        )
+
+
 def instrument_op(
     rec: Any,
     op_type: str,
@@ -660,6 +753,9 @@ def instrument_op(
     the op that delivers its executions (None when nothing of it is recorded)."""
     import tensorflow as tf
 
+    note_seen(graph, op_name or (outputs[0].op.name if outputs else None))
+    if outputs and op_name and outputs[0].op.name != op_name:
+        _note_replacements(graph, outputs, op_name)
     if op_type in ops.SKIP_OPS:
         # Nothing to record, but what it reads is read outside any rewrite: an
         # intermediate left for its readers is recorded now.
@@ -672,6 +768,8 @@ def instrument_op(
     if in_xla(graph):
         _note_xla(rec, graph)
         return None
+    if not is_v1_graph(graph):  # a TF1 graph's ops are all instrumented by its Session.run
+        _catch_up(rec, graph, inputs)
     cache = REGISTRY.graph_cache(graph)
     alias = ops.ALIAS_OPS.get(op_type, -1)
     if any(t.dtype._is_ref_dtype for t in inputs):

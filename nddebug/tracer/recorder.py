@@ -163,6 +163,7 @@ class Recorder:
         # is in flight, unhooked, once the buffer records.
         self.pre_call.install()
         instrument.hook_graph_ends()
+        instrument.hook_pfor()
         with self.call_lock:
             # Calls other threads started before the hook was this block's must end first.
             if not opaque.wait_for_calls(timeout=5.0):
@@ -233,6 +234,8 @@ class Recorder:
             if graph is None and self._held:
                 self.drain()
                 self.release_call()
+            elif graph is not None:
+                instrument.note_seen(graph, op_name)  # nddebug's own: never caught up
             return _handed_on(outputs)
         op_type = ops.as_str(op_type)
         with inside_nddebug():
