@@ -124,6 +124,9 @@ _DESCRIPTION_3 = (
     "definition: nddebug.digest."
 )
 _META_KEYS = {"format", "format_version", "written_by", "description"}
+#: A run's status and kind (Recording.status, Recording.kind): anything else is damage.
+STATUSES = ("complete", "interrupted")
+KINDS = ("run", "rerun", "capture")
 
 
 def _columns() -> dict[str, list[str]]:
@@ -150,6 +153,11 @@ _DATA_TABLES = ("runs", "ops", "events", "reruns", "captured", "chunks")
 
 def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connection:
     if not create and not os.path.exists(path):
+        if os.path.islink(path):
+            raise RecordingFileError(
+                f"{path}: a symbolic link to {os.readlink(path)}, which does not exist or "
+                "links back to itself"
+            )
         raise RecordingFileError(f"{path}: no such recording file")
     if os.path.isdir(path):
         raise RecordingFileError(f"{path} is a folder: name a recording file in it")
@@ -237,11 +245,17 @@ def _check_format(con: sqlite3.Connection, path: str, writing: bool = False) -> 
             f"{path}: not an nddebug recording (format={meta.get('format')!r})"
         )
     try:
-        version = int(meta.get("format_version", "0"))
+        version = int(meta["format_version"])
+    except KeyError:
+        raise RecordingFileError(
+            f"{path}: damaged recording: its meta table has no format_version"
+        ) from None
     except (TypeError, ValueError):
         raise RecordingFileError(
             f"{path}: damaged recording: format_version is {meta.get('format_version')!r}"
         ) from None
+    if version < 1:
+        raise RecordingFileError(f"{path}: damaged recording: format_version is {version}")
     if version > FORMAT_VERSION:
         raise RecordingFileError(
             f"{path}: written by a newer nddebug (format version {version}; this nddebug reads "
@@ -1081,11 +1095,15 @@ def _read_header(con: sqlite3.Connection, row: tuple) -> Recording:
     warned = _json(warnings, "the warnings")
     if not isinstance(warned, list) or not all(isinstance(w, str) for w in warned):
         raise RowError(f"the warnings are {warned!r:.60}, not a list of strings")
+    if _text(status, "the status") not in STATUSES:
+        raise RowError(f"its status is {status!r}, not one of {', '.join(STATUSES)}")
+    if _text(kind, "the kind") not in KINDS:
+        raise RowError(f"its kind is {kind!r}, not one of {', '.join(KINDS)}")
     rec = Recording(
         label=_text(label, "the label", null=True),
         run_id=run_id,
-        status=_text(status, "the status"),
-        kind=_text(kind, "the kind"),
+        status=status,
+        kind=kind,
         digest_algorithm=_text(algorithm, "the digest algorithm"),
         environment=environment,
         warnings=warned,

@@ -363,6 +363,14 @@ DAMAGE = {
         "INSERT INTO reruns VALUES (:run, 777777, '[[[1, 2]]]')",
         "event seq 777777, which is not in the events table",
     ),
+    "unknown status": (
+        "UPDATE runs SET status = 'exploded' WHERE run_id = :run",
+        "its status is 'exploded', not one of complete, interrupted",
+    ),
+    "unknown kind": (
+        "UPDATE runs SET kind = 'weird' WHERE run_id = :run",
+        "its kind is 'weird', not one of run, rerun, capture",
+    ),
     "garbled captured value": (
         "INSERT INTO captured VALUES (:run, '0:0', 'float32', x'00010203')",
         "not a readable .npy array",

@@ -563,6 +563,33 @@ def test_appending_to_a_file_with_a_garbled_version_is_a_recording_file_error(tm
     assert_names_file(exc, path)
 
 
+@pytest.mark.parametrize(
+    "statement, phrase",
+    [
+        ("DELETE FROM meta WHERE key = 'format_version'", "has no format_version"),
+        ("UPDATE meta SET value = '-1' WHERE key = 'format_version'", "format_version is -1"),
+    ],
+)
+def test_a_missing_or_impossible_version_is_damage_and_the_file_stays(tmp_path, statement, phrase):
+    """Both loaded as if they were fine (a missing version read as 0)."""
+    path = tmp_path / "versionless.ndd"
+    synthetic().save(str(path))
+    _write_sqlite(path, [statement])
+    before = path.read_bytes()
+    with pytest.raises(nddebug.RecordingFileError, match=phrase) as exc:
+        nddebug.load(str(path))
+    assert_names_file(exc, path)
+    assert path.read_bytes() == before
+
+
+def test_a_symbolic_link_loop_is_named_as_one(tmp_path):
+    """It read "no such recording file", the path being there."""
+    (tmp_path / "a.ndd").symlink_to(tmp_path / "b.ndd")
+    (tmp_path / "b.ndd").symlink_to(tmp_path / "a.ndd")
+    with pytest.raises(nddebug.RecordingFileError, match=r"symbolic link to .*b\.ndd"):
+        nddebug.load(str(tmp_path / "a.ndd"))
+
+
 def test_saving_into_a_missing_directory_is_a_recording_file_error(tmp_path):
     path = tmp_path / "no-such-dir" / "runs.ndd"
     with pytest.raises(nddebug.RecordingFileError) as exc:
