@@ -561,6 +561,7 @@ def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) ->
     import time
 
     from nddebug.tracer import LABEL_ENV, RECORD_ENV
+    from nddebug.tracer.block import ENTERED_SUFFIX
 
     n = args.workers
     what = f" with {n} workers" if n > 1 else ""
@@ -611,10 +612,16 @@ def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) ->
         out = []
         for k, path in enumerate(paths):
             if not os.path.exists(path):
+                worker = f" in worker {k}" if n > 1 else ""
+                if os.path.exists(path + ENTERED_SUFFIX):
+                    raise UsageError(
+                        f"{args.script} entered a nddebug.trace() block{worker}, but its "
+                        "process ended inside it, before the block finished (os._exit(), or "
+                        "killed by something that was not a signal): nothing of it was saved"
+                    )
                 raise UsageError(
-                    f"{args.script} ran no nddebug.trace() block"
-                    f"{' in worker ' + str(k) if n > 1 else ''}: wrap the training step in "
-                    "`with nddebug.trace():`, or pass --all to trace the whole script"
+                    f"{args.script} ran no nddebug.trace() block{worker}: wrap the training "
+                    "step in `with nddebug.trace():`, or pass --all to trace the whole script"
                 )
             out.append(_load_run_file(path, i, k if n > 1 else None))
         outcome = "done"

@@ -107,6 +107,30 @@ def test_a_script_that_exits_cleanly_inside_its_block_is_reproducible(tmp_path) 
     assert "exception inside the block" not in result.stdout
 
 
+def test_a_process_that_ends_inside_its_block_is_not_said_to_have_run_none(tmp_path) -> None:
+    """os._exit(0) inside the block: "ran no nddebug.trace() block: wrap the training step"."""
+    script = _script(
+        tmp_path,
+        "quits.py",
+        """
+        import os
+
+        import tensorflow as tf
+
+        import nddebug
+
+        with nddebug.trace():
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+            os._exit(0)
+        """,
+    )
+    result = _nddebug("run", "-n", "2", script)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("nddebug: error:")]
+    assert "entered a nddebug.trace() block" in line and "os._exit()" in line, line
+    assert "ran no nddebug.trace() block" not in result.stderr
+
+
 def test_show_output_passes_the_runs_output_through_to_standard_error(tmp_path) -> None:
     script = _script(tmp_path, "chatty.py", CHATTY)
     result = _nddebug("run", "-n", "2", "--show-output", script)

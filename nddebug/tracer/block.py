@@ -67,6 +67,7 @@ def trace(
     if path is None and record_env and os.environ.get(RECORD_ENV):
         path = os.environ[RECORD_ENV]
         label = label or os.environ.get(LABEL_ENV, "")
+        _note_entered(path)
     rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
     rec.environment = environment.capture()
     recorder = Recorder(rec, rerun=rerun, detail=detail)
@@ -108,3 +109,16 @@ def trace(
                         RuntimeWarning,
                         stacklevel=3,
                     )
+
+
+#: Beside the file `nddebug run` gives a run: a line per trace() block the script entered,
+#: so that a process that ends inside a block (os._exit) is told from one that ran none.
+ENTERED_SUFFIX = ".entered"
+
+
+def _note_entered(path: str) -> None:
+    try:
+        with open(path + ENTERED_SUFFIX, "a", encoding="utf-8") as f:
+            f.write("block\n")
+    except OSError:
+        pass  # only a better message is lost
