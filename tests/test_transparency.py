@@ -288,7 +288,25 @@ def _vectorized_map_and_jacobian() -> Workload:
     return step, (tf.random.stateless_normal([5, 6], seed=[8, 9]),), [w]
 
 
+def _gradients_only() -> Workload:
+    """A step that returns only gradients (accumulated elsewhere), its loss value used by
+    nothing: grappler prunes the forward square, turns pow(y, 2 - 1) into y, and folds the
+    constants of y = (x * tanh(x)) / 6 into the gradient's product. The records of y and of
+    the pow, made for the pruned square, kept those rewrites from happening."""
+    w = tf.Variable(tf.random.stateless_normal([32, 16], seed=[6, 7]))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            y = w * tf.tanh(w) / 6.0
+            loss = tf.reduce_sum(y**2) + tf.reduce_sum(tf.square(tf.exp(w) / 3.0))
+        return tape.gradient(loss, w)
+
+    return step, (), [w]
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "gradients_only": _gradients_only,
     "vectorized_map_and_jacobian": _vectorized_map_and_jacobian,
     "add_bias_tanh_sigmoid": _add_bias_tanh_sigmoid,
     "product_over_a_constant": _product_over_a_constant,

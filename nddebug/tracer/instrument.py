@@ -167,16 +167,22 @@ def _input_digests(
     per_input: list[Any] = []
     fused: dict[str, str] = {}
     inside: frozenset[str] = frozenset()
+    deferred = cache.get(DEFERRED_BY_NAME, {})
     for position, t in enumerate(inputs):
         d = cache.get(t.name)
+        if not isinstance(d, Deferred):
+            d = deferred.get(t.name)
         by = (
             rewrites.fuses(d.op_type, op_type, position, device, d.inside)
-            if isinstance(d, Deferred) and not d.done and op_type
+            if d is not None and op_type
             else None
         )
         if by:
             recorded.extend(d.inputs)  # what the rewritten op reads
-            per_input.append(None)
+            # Recorded already (another reader asked for it, perhaps one grappler prunes,
+            # after which this op is its one reader and grappler rewrites the two as one):
+            # its digest still orders this op after the record that reads its buffer.
+            per_input.append(d.materialize() if d.done else None)
             d.covered = True
             fused.update(d.fused)
             inside |= by
@@ -214,6 +220,8 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
 
 #: Per-graph cache entry: every Deferred of the graph, with the tensor it stands for.
 DEFERRED = "<deferred>"
+#: The same by the name of the tensor each stands for.
+DEFERRED_BY_NAME = "<deferred by name>"
 
 #: Per-graph cache entry: sum-chain intermediates only pass-through ops (Identity, Reshape)
 #: have read so far; recorded when the graph is complete unless a sum covered them.
@@ -683,6 +691,39 @@ def _note_xla(rec: Any, graph: Any) -> None:
     rec.xla_functions.add(name)
 
 
+def _power_of_one(inputs: Any, outputs: Any) -> bool:
+    """Whether a Pow raises its input to a constant 1, as the gradient of ``y ** 2`` does
+    (``2 * pow(y, 2 - 1)``): its output is its input bit for bit, and grappler removes it
+    (ConvertPow), so that the product reading it reads ``y``, and may be rewritten with it.
+    It is passed through as an Identity is."""
+    from tensorflow.python.framework import tensor_util
+
+    if len(inputs) != 2 or len(outputs) != 1:
+        return False
+    x, y = inputs
+    value = _static_value(y, tensor_util)
+    same = x.dtype == outputs[0].dtype and x.shape.is_fully_defined()
+    same = same and x.shape == outputs[0].shape
+    return value is not None and same and bool((value == 1).all())
+
+
+#: Arithmetic on constants that :func:`_static_value` folds (the gradient's ``y - 1``).
+_FOLDABLE = {"Sub": lambda a, b: a - b, "AddV2": lambda a, b: a + b, "Mul": lambda a, b: a * b}
+
+
+def _static_value(t: Any, tensor_util: Any, depth: int = 3) -> Any:
+    """A tensor's value when the graph fixes it: what TensorFlow knows statically, or a sum,
+    difference or product of such values (None if neither)."""
+    try:
+        value = tensor_util.constant_value(t)
+    except Exception:  # noqa: BLE001 - not known while the graph is built
+        value = None
+    if value is not None or depth == 0 or t.op.type not in _FOLDABLE or len(t.op.inputs) != 2:
+        return value
+    a, b = (_static_value(u, tensor_util, depth - 1) for u in t.op.inputs)
+    return None if a is None or b is None else _FOLDABLE[t.op.type](a, b)
+
+
 def _key_base(graph: Any, op: Any) -> str:
     """An op's key before a duplicate's "#n" (see OpInfo.key)."""
     return f"{graph_key(graph)}/{ops.UID_IN_NAME.sub('', op.name)}"
@@ -772,6 +813,8 @@ def instrument_op(
         _catch_up(rec, graph, inputs)
     cache = REGISTRY.graph_cache(graph)
     alias = ops.ALIAS_OPS.get(op_type, -1)
+    if op_type == "Pow" and _power_of_one(inputs, outputs):
+        alias = 0
     if any(t.dtype._is_ref_dtype for t in inputs):
         alias = -1  # an Identity of a TF1 variable reads it: a real op, digested
     name = op_name or (outputs[0].op.name if outputs else "")
@@ -785,6 +828,9 @@ def instrument_op(
             src = inputs[i if alias is None else alias] if inputs else None
             if src is not None:
                 cache[out.name] = _passed_through(graph, src)
+                by_name = cache.get(DEFERRED_BY_NAME, {})
+                if src.name in by_name:  # the same intermediate, for the ops that fuse with it
+                    by_name[out.name] = by_name[src.name]
         return None
     op = outputs[0].op if outputs else None
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
@@ -953,5 +999,6 @@ def instrument_op(
         cache[out_tensors[0].name] = deferred
         # Its entry above becomes the digest once recorded; unneeded.py looks them all up.
         cache.setdefault(DEFERRED, []).append((out_tensors[0], deferred))
+        cache.setdefault(DEFERRED_BY_NAME, {})[out_tensors[0].name] = deferred
         return None
     return emit()[0]
