@@ -187,3 +187,25 @@ def test_a_random_op_inside_vectorized_map_is_the_source() -> None:
     assert list(sources["op_type"]) == ["RandomUniform"], report
     assert set(sources["kind"]) == {"random"}, report
     assert "test_trace_coverage.py" in sources["location"].iloc[0]
+
+
+def test_an_xla_function_called_inside_a_step_is_said_once_as_xla() -> None:
+    """Keras's grouped convolution (ConvNeXt) is a jit-compiled function called inside the
+    train step, through a call op TensorFlow adds without op callbacks. Caught up, each call
+    was also said to be "traced before nddebug.trace()" (72 warnings on ConvNeXtTiny)."""
+    w = tf.Variable(tf.random.stateless_normal([8, 8], seed=[1, 1]))
+
+    @tf.function(jit_compile=True)
+    def inner(x):
+        return tf.tanh(x @ w)
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(inner(inner(x)))
+
+    x = tf.random.stateless_normal([4, 8], seed=[2, 2])
+    with nddebug.trace() as rec:
+        step(x)
+    assert any("XLA" in w for w in rec.warnings), rec.warnings
+    assert not any("its inner ops are not recorded" in w for w in rec.warnings), rec.warnings
+    assert any(op.op_type == "StatefulPartitionedCall" for op in rec.ops.values())

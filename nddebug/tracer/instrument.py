@@ -17,7 +17,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, STATE_READERS, TF1_GRAPH, OpInfo
-from nddebug.tracer import ops, rerun, rewrites, transport, undefined, unneeded
+from nddebug.tracer import opaque, ops, rerun, rewrites, transport, undefined, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
@@ -956,7 +956,9 @@ def instrument_op(
         f = ops.attr(attrs, "f")
         # An AttrValue holding a NameAttrList (func), or the NameAttrList itself.
         fname = ops.as_str(getattr(getattr(f, "func", f), "name", "")) if f is not None else ""
-        if fname and fname not in REGISTRY.instrumented_functions:
+        # A call to an XLA function (traced in the block or not) is said once for all by the
+        # recording's XLA warning; a call TensorFlow added without op callbacks is caught up.
+        if fname and opaque.function_kind(fname) == "uninstrumented":
             writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs)
             ops.warn_once(
                 rec.recording,
