@@ -92,18 +92,21 @@ def steps_among(eager: list[tuple[int, OpInfo | None]]) -> list[int]:
     calls: Counter[str] = Counter()
     first: dict[str, int] = {}
     folded = []
+    callees: list[tuple[int, str]] = []
     for seq, op in eager:
         if op is None:
             continue
         if op.op_type == STEP_OP:
             folded.append(seq)
         elif op.function or op.op_type == "Session.run":
-            calls[_callee(op)] += 1
-            first.setdefault(_callee(op), seq)
+            callee = _callee(op)
+            calls[callee] += 1
+            first.setdefault(callee, seq)
+            callees.append((seq, callee))
     if not calls:
         return folded
     top = max(calls, key=lambda k: (calls[k], -first[k]))
-    return sorted(folded + [seq for seq, op in eager if op is not None and _callee(op) == top])
+    return sorted(folded + [seq for seq, callee in callees if callee == top])
 
 
 def _callee(op: OpInfo) -> str:

@@ -133,6 +133,7 @@ class Deferred:
         key: str,
         fused: dict[str, str],
         inside: frozenset[str],
+        tensor: Any,
     ) -> None:
         self.op_type = op_type
         self.inputs = inputs  # the digests its record would hold as its inputs (folded)
@@ -140,6 +141,7 @@ class Deferred:
         self.fused = {**fused, key: op_type}
         # The rewrites whose pattern it is part of (rewrites.fuses), by the ops it covered.
         self.inside = inside
+        self.tensor = tensor  # the output it stands for
         self._emit = emit
         self._digest: Any = None
         self.sender: Any = None  # the op that records it, once made
@@ -167,7 +169,7 @@ def _input_digests(
     per_input: list[Any] = []
     fused: dict[str, str] = {}
     inside: frozenset[str] = frozenset()
-    deferred = cache.get(DEFERRED_BY_NAME, {})
+    deferred = cache.get(DEFERRED, {})
     for position, t in enumerate(inputs):
         d = cache.get(t.name)
         if not isinstance(d, Deferred):
@@ -218,10 +220,9 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     return d
 
 
-#: Per-graph cache entry: every Deferred of the graph, with the tensor it stands for.
+#: Per-graph cache entry: every Deferred of the graph by the name of its tensor (and of the
+#: pass-through outputs of it). Its entry under that name becomes the digest once recorded.
 DEFERRED = "<deferred>"
-#: The same by the name of the tensor each stands for.
-DEFERRED_BY_NAME = "<deferred by name>"
 
 #: Per-graph cache entry: sum-chain intermediates only pass-through ops (Identity, Reshape)
 #: have read so far; recorded when the graph is complete unless a sum covered them.
@@ -828,7 +829,7 @@ def instrument_op(
             src = inputs[i if alias is None else alias] if inputs else None
             if src is not None:
                 cache[out.name] = _passed_through(graph, src)
-                by_name = cache.get(DEFERRED_BY_NAME, {})
+                by_name = cache.get(DEFERRED, {})
                 if src.name in by_name:  # the same intermediate, for the ops that fuse with it
                     by_name[out.name] = by_name[src.name]
         return None
@@ -996,11 +997,9 @@ def instrument_op(
 
     if defer and not payload:
         # Recorded once an op it does not fuse with reads it (see Deferred).
-        deferred = Deferred(op_type, in_digests, emit, key, fused_with, inside)
+        deferred = Deferred(op_type, in_digests, emit, key, fused_with, inside, out_tensors[0])
         cache = REGISTRY.graph_cache(graph)
         cache[out_tensors[0].name] = deferred
-        # Its entry above becomes the digest once recorded; unneeded.py looks them all up.
-        cache.setdefault(DEFERRED, []).append((out_tensors[0], deferred))
-        cache.setdefault(DEFERRED_BY_NAME, {})[out_tensors[0].name] = deferred
+        cache.setdefault(DEFERRED, {})[out_tensors[0].name] = deferred
         return None
     return emit()[0]

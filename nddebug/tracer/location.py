@@ -13,6 +13,8 @@ import sysconfig
 import threading
 from typing import Any
 
+from nddebug.tracer.registry import REGISTRY
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
 
@@ -66,7 +68,11 @@ def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
                 # would name the same `fit` line; the name scope says which layer made it.
                 where += _scope(op)
             return where
-    caller = _distribution_caller(lib_dirs)
+    # The same for every op a replica thread makes in this graph: looked up once per graph.
+    cache = REGISTRY.graph_cache(op.graph)
+    if "<distribution caller>" not in cache:
+        cache["<distribution caller>"] = _distribution_caller(lib_dirs)
+    caller = cache["<distribution caller>"]
     return caller + _scope(op) if caller else ""
 
 

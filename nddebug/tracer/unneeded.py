@@ -85,10 +85,11 @@ def _fused_after_pruning(graph: Any, use: set[Any]) -> set[Any]:
     from nddebug.tracer.instrument import DEFERRED  # instrument imports this module
 
     found = set()
-    for tensor, d in REGISTRY.graph_cache(graph).get(DEFERRED, ()):
+    every = REGISTRY.graph_cache(graph).get(DEFERRED, {}).values()
+    for d in {id(d): d for d in every}.values():
         if not (d.done and d.covered) or d.sender is None:
             continue
-        readers = {c for c in tensor.consumers() if not ours(c) and c in use}
+        readers = {c for c in d.tensor.consumers() if not ours(c) and c in use}
         if len(readers) <= 1:
             found.add(d.sender)
     return found
