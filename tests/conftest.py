@@ -2,11 +2,29 @@
 and the ``cpu_facts`` fixture for tests that assert what the CPU does."""
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Temporary files of the tests and of the processes they start (``nddebug run`` keeps an
+    interrupted run's recordings in a new temporary folder, autograph writes its copies there)
+    go under pytest's own base directory, which pytest prunes, not into the machine's /tmp."""
+    base = str(tmp_path_factory.mktemp("tmp"))
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = base
+    tempfile.tempdir = None  # recomputed from TMPDIR
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="module")
