@@ -87,8 +87,10 @@ def test_sources_are_sorted_by_their_relative_divergence() -> None:
         @tf.function
         def step(*inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             loss = crop_step.python_function(*inputs)
-            # Unseeded and stateful: automatic control dependencies run it after the update.
-            return loss, tf.random.uniform([4096])
+            # Unseeded; it reads nothing of the step: the edge from a read of the updated
+            # backbone (which the crop's gradient updates) makes it run after the crop.
+            with tf.control_dependencies([state[0].read_value()]):
+                return loss, tf.random.uniform([4096])
 
         report = nddebug.check(step, *args, repeats=5, state=state)
     assert_ran_on_cpu(report)

@@ -209,3 +209,71 @@ def test_an_xla_function_called_inside_a_step_is_said_once_as_xla() -> None:
     assert any("XLA" in w for w in rec.warnings), rec.warnings
     assert not any("its inner ops are not recorded" in w for w in rec.warnings), rec.warnings
     assert any(op.op_type == "StatefulPartitionedCall" for op in rec.ops.values())
+
+
+def test_a_nested_function_read_by_cond_and_while_loop_runs_as_plain() -> None:
+    """A nested tf.function's call op is made without op callbacks and caught up when the
+    If / While that reads it is made: its record was ordered after that stateful op by
+    automatic control dependencies while the op waited for the record, and the traced
+    function failed with "nodes in a cycle"."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[5, 6]))
+
+    def make():  # a fresh step: one called before the block would run uninstrumented
+        @tf.function
+        def inner(h):
+            return tf.nn.silu(h @ w)
+
+        @tf.function
+        def step(x, k):
+            with tf.GradientTape() as tape:
+                h = inner(x)
+                y = tf.cond(k > 0, lambda: h * 2.0, lambda: h)
+                _, z = tf.while_loop(lambda i, a: i < k, lambda i, a: (i + 1, a + h), (0, y))
+                loss = tf.reduce_sum(z**2)
+            return loss, tape.gradient(loss, w)
+
+        return step
+
+    x = tf.random.stateless_normal([2, 4], seed=[7, 8])
+    k = tf.constant(3)
+    plain = [t.numpy() for t in make()(x, k)]
+    with nddebug.trace() as rec:
+        traced = [t.numpy() for t in make()(x, k)]
+    for a, b in zip(plain, traced, strict=True):
+        assert a.tobytes() == b.tobytes()
+    # Built as in the plain program: a StatelessIf and a StatelessWhile (see
+    # instrument.hook_statefulness); the call reads a variable, so it is stateful either way.
+    types = {op.op_type for op in rec.ops.values()}
+    assert {"StatefulPartitionedCall", "StatelessIf", "StatelessWhile"} <= types, types
+    assert not rec.warnings, rec.warnings
+    report = nddebug.check(make(), x, k, repeats=2, state=[w])
+    assert report.ok, str(report)
+
+
+def test_a_function_named_like_an_xla_one_has_its_gradient_recorded() -> None:
+    """Whether a backward graph belongs to an XLA function was told by the forward's name:
+    after a jit-compiled `inner`, another function called `inner` had its gradient left
+    unrecorded and said to be "traced before nddebug.trace()"."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[16, 17]))
+    x = tf.random.stateless_normal([2, 4], seed=[18, 19])
+
+    def make(jit: bool):
+        @tf.function(jit_compile=jit)
+        def inner(h):
+            return tf.tanh(h @ w)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(inner(x) ** 2)
+            return tape.gradient(loss, w)
+
+        return step
+
+    with nddebug.trace():
+        make(jit=True)()
+    with nddebug.trace() as rec:
+        make(jit=False)()
+    assert not rec.warnings, rec.warnings
+    graphs = {op.graph for op in rec.ops.values()}
+    assert any(g.startswith("__backward_inner") for g in graphs), graphs

@@ -305,7 +305,56 @@ def _gradients_only() -> Workload:
     return step, (), [w]
 
 
+def _silu_then_cond() -> Workload:
+    """silu followed by a tf.cond, two gradients from one persistent tape. Records made the
+    cond a stateful If (StatelessIf in the plain program): automatic control dependencies
+    chained it, and grappler no longer merged the forward sigmoid with the gradient's, so
+    the forward became one _MklSwish kernel: the first gradient was 2 ULP away."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[8, 9]) * 0.3)
+    x = tf.random.stateless_normal([2, 4], seed=[10, 11])
+
+    @tf.function
+    def step(x, k):
+        with tf.GradientTape(persistent=True) as tape:
+            h = tf.nn.silu(x @ w)
+            h = tf.cond(
+                k % 2 == 0,
+                lambda: tf.tanh(h),
+                lambda: tf.nn.relu(h) - tf.stop_gradient(h) * 0.1,
+            )
+            l1 = tf.reduce_sum(h**2)
+            l2 = tf.reduce_sum(tf.abs(h))
+        return tape.gradient(l1, w), tape.gradient(l2, w)
+
+    return step, (x, tf.constant(3)), [w]
+
+
+def _nested_function_silu() -> Workload:
+    """A nested tf.function under a persistent tape: its call was chained by automatic
+    control dependencies (a stateful call, for its records), inlined behind a control
+    node, and silu's `beta * x` (beta 1) removal left a control edge on the sigmoid that
+    kept it from the plain program's _MklSwish: 1 ULP in the first gradient."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[12, 13]) * 0.3)
+    x = tf.random.stateless_normal([2, 4], seed=[14, 15])
+
+    @tf.function
+    def inner(h):
+        return tf.nn.silu(h)
+
+    @tf.function
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            h = inner(x @ w)
+            l1 = tf.reduce_sum(h**2)
+            l2 = tf.reduce_sum(tf.abs(h))
+        return tape.gradient(l1, w), tape.gradient(l2, w)
+
+    return step, (), [w]
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "silu_then_cond": _silu_then_cond,
+    "nested_function_silu": _nested_function_silu,
     "gradients_only": _gradients_only,
     "vectorized_map_and_jacobian": _vectorized_map_and_jacobian,
     "add_bias_tanh_sigmoid": _add_bias_tanh_sigmoid,

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, STATE_READERS, TF1_GRAPH, OpInfo
+from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
 from nddebug.tracer import opaque, ops, rerun, rewrites, transport, undefined, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
@@ -40,14 +40,35 @@ def in_xla(graph: Any) -> bool:
             found = False
         name = ops.as_str(getattr(graph, "name", "") or "")
         if not found and name.startswith(_BACKWARD):
-            forward = name[len(_BACKWARD) :].rpartition("_")[0]
-            found = forward in REGISTRY.xla_graph_names
+            compiled = _forward_compiled()
+            if compiled is None:  # built elsewhere than TensorFlow's gradient functions
+                forward = name[len(_BACKWARD) :].rpartition("_")[0]
+                compiled = forward in REGISTRY.xla_graph_names
+            found = compiled
         g = getattr(graph, "outer_graph", None)
         found = found or (g is not None and hasattr(g, "outer_graph") and in_xla(g))
         if found and name:
             REGISTRY.xla_graph_names.add(name)
         cache["<xla>"] = found
     return cache["<xla>"]
+
+
+def _forward_compiled() -> bool | None:
+    """Whether the function whose backward graph is being built is XLA-compiled, asked of
+    TensorFlow's gradient functions that build it (their ``_func_graph`` and ``_attrs`` on
+    the stack); None when no such frame is found. By name alone, two functions called
+    ``inner`` (or two Keras ``call``s), one of them jit-compiled, were both taken for XLA,
+    and the other's gradient went unrecorded ("traced before nddebug.trace()")."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        forward = getattr(owner, "_func_graph", None) if owner is not None else None
+        attrs = getattr(owner, "_attrs", None) if forward is not None else None
+        if attrs is not None and hasattr(attrs, "get"):
+            must = attrs.get("_XlaMustCompile")
+            return getattr(must, "b", must) is True or forward in REGISTRY.xla_graphs
+        frame = frame.f_back
+    return None
 
 
 def note_function(graph: Any, attrs: Any) -> None:
@@ -331,10 +352,58 @@ def hook_graph_ends() -> None:
         with inside_nddebug():
             note_function(graph, args[0] if args else kwargs.get("attrs"))
         finish(graph)
+        _note_instrumented(name, graph)
         return make_function(name, graph, *args, **kwargs)
 
     atomic_function.from_func_graph = from_func_graph
     _hooked = True
+
+
+def _note_instrumented(name: Any, graph: Any) -> None:
+    """A graph whose ops nddebug's op callback was handed becomes a function: its calls run
+    recorded ops. The gradient code makes functions of such graphs under other names and
+    without a ConcreteFunction callback (a nested function's ``__forward_<name>`` and
+    ``__backward_<name>`` for a tape, a cond's gradient wrapper): without this they were
+    said to be "traced before nddebug.trace()", and the step "not everything compared"."""
+    cache = REGISTRY.graph_digests.get(graph)
+    if cache and SEEN in cache and not in_xla(graph):
+        REGISTRY.instrumented_functions.add(ops.as_str(name))
+
+
+_stateful_hooked = False
+
+
+def hook_statefulness() -> None:
+    """Have TensorFlow's Python side see nddebug's own ops as stateless, so that it builds
+    the instrumented program as it builds the plain one. Records are stateful ops (the
+    runtime must neither fold nor prune them, and to it they stay stateful), and
+    TensorFlow decides from its ops' statefulness how to call a function and a branch: a
+    function, ``tf.cond`` or ``tf.while_loop`` whose only stateful ops were nddebug's
+    became a StatefulPartitionedCall, If or While instead of a PartitionedCall,
+    StatelessIf or StatelessWhile. Automatic control dependencies then chained those
+    calls, and grappler inlined and merged their bodies otherwise: silu followed by a
+    ``tf.cond`` under a tape computed gradients 2 ULP away from the plain program's.
+    Records still run: each is a control output of its function (:func:`_order_record`),
+    and function bodies keep every op the runtime sees as stateful."""
+    global _stateful_hooked
+    if _stateful_hooked:
+        return
+    from tensorflow.python.framework import ops as tf_ops
+
+    base = None
+    for cls in tf_ops.Operation.__mro__:
+        if isinstance(vars(cls).get("_is_stateful"), property):
+            base = vars(cls)["_is_stateful"]
+            break
+    if base is None or base.fget is None:
+        return  # another TensorFlow: leave it as it is
+    plain = base.fget
+
+    def _is_stateful(op: Any) -> bool:
+        return plain(op) and not unneeded.ours(op)
+
+    tf_ops.Operation._is_stateful = property(_is_stateful)
+    _stateful_hooked = True
 
 
 _pfor_hooked = False
@@ -524,28 +593,26 @@ def _send_fused(
     return outs[0].op
 
 
-def _order_record(graph: Any, sender: Any, stateful: bool, resource: str, reads: bool) -> None:
+def _order_record(graph: Any, sender: Any, resource: str) -> None:
     """Give a native record op the place it needs among the others, and no more.
 
-    tf.function chains every stateful op without a resource input in program order
-    (automatic control dependencies), and a record op is one: all the records would wait in
-    one line, and an op that waits for its input's digest (:func:`digests_first`) would wait
-    for every record made before it. A stateless op is ordered by its data alone, and so is
-    its record, which reads its inputs' digests from their records: it needs no place in
-    that line, and neither does the record of an op that only reads state (``reads``: a
-    variable read, a table lookup; the values it feeds wait for it). The rows of the ops on
-    one resource (a variable, a table, a queue, an iterator) must arrive in program order
-    (that order tells a read after a divergent write from a source): each such record waits
-    for the record of the resource's previous op in this graph, the order the ops themselves
-    run in. The records of writes and of other stateful ops (random ops, iterators) keep
-    their place in the line: nothing waits for them but the end of the function."""
+    A record must run (a control output of its function) but waits in no line of stateful
+    ops: it reads its inputs' digests from their records, and an op that waits for its
+    input's digest (:func:`digests_first`) would otherwise wait for every record made
+    before it; a record made late (an op caught up when its reader, a ``tf.cond`` or a
+    loop, was made) would be ordered after that reader while the reader waits for it, a
+    cycle. TensorFlow sees records as stateless (:func:`hook_statefulness`), so automatic
+    control dependencies give them no place; this marks them as ops that must run. The rows
+    of the ops on one resource (a variable, a table, a queue, an iterator) must arrive in
+    program order (that order tells a read after a divergent write from a source): each
+    such record waits for the record of the resource's previous op in this graph, the
+    order the ops themselves run in."""
     acd = getattr(graph, "experimental_acd_manager", None)
     if acd is None or sender is None:
         return
-    if not stateful or (resource and reads):
-        if type(getattr(acd, "_independent_ops", None)) is list:
-            acd._independent_ops = _OpList(acd._independent_ops)
-        acd.run_independently(sender)
+    if type(getattr(acd, "_independent_ops", None)) is list:
+        acd._independent_ops = _OpList(acd._independent_ops)
+    acd.run_independently(sender)
     if resource:
         cache = REGISTRY.graph_cache(graph)
         slot = f"<last record of>{resource}"
@@ -630,6 +697,10 @@ _NEVER_REUSES_AN_INPUT = frozenset(
 )
 
 
+#: Function calls grappler inlines into the caller (see :func:`digests_first`).
+_INLINED_CALLS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+
 def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = False) -> None:
     """Run the digest of an op's input before the op wherever the op could reuse that input's
     buffer for an output (same dtype and number of elements, or a shape not known when the
@@ -650,6 +721,13 @@ def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = F
     if op.type in _NEVER_REUSES_AN_INPUT:
         # No buffer to take over; and a control edge into a contraction stops grappler's
         # remapper from fusing it with its bias and activation (HasControlFaninOrFanout).
+        return
+    if op.type in _INLINED_CALLS:
+        # Grappler inlines the call; a call with a control input is inlined behind an
+        # input_control_node that every constant of the body then waits for, and those
+        # edges stop rewrites the plain program makes (x * sigmoid(x) into _MklSwish once
+        # silu's `beta * x` with beta 1 is removed: 1 ULP in the output). Ordering the
+        # body's readers is left to the body's own records.
         return
     seen = set()
     reusable = _REUSES_ONLY.get(op.type)
@@ -778,7 +856,13 @@ def _catch_up(rec: Any, graph: Any, inputs: Any) -> None:
         stack.extend((t.op, False) for t in op.inputs)
     for op in order:
         instrument_op(
-            rec, op.type, list(op.inputs), dict(op.node_def.attr), list(op.outputs), op.name, graph
+            rec,
+            op.type,
+            list(op.inputs),
+            dict(op.node_def.attr),
+            list(op.outputs),
+            op.name,
+            graph,
         )
 
 
@@ -971,13 +1055,11 @@ def instrument_op(
     if not readable_out and not readable_in and not payload:
         return None
 
-    reads_only = op_type in STATE_READERS and not after_write
-
     def emit() -> tuple[Any, Any]:
         """Make the op that records this op's executions: it, and the first output's digest."""
         if fused is not None:
             sender = _send_fused(fused, graph, op_id, out_tensors, in_digests)
-            _order_record(graph, sender, stateful, info.resource, reads_only)
+            _order_record(graph, sender, info.resource)
             return sender, REGISTRY.graph_cache(graph).get(out_tensors[0].name)
         outs, sent = out_digests, readable_out
         if defer:
@@ -990,8 +1072,7 @@ def instrument_op(
         sender = transport.send(
             op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
         )
-        if getattr(sender, "type", "") == "NddebugRecord":
-            _order_record(graph, sender, stateful, info.resource, reads_only)
+        _order_record(graph, sender, info.resource)
         first = outs[0] if outs and not isinstance(outs[0], bool) else None
         return sender, first
 

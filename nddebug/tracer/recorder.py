@@ -164,6 +164,7 @@ class Recorder:
         self.pre_call.install()
         instrument.hook_graph_ends()
         instrument.hook_pfor()
+        instrument.hook_statefulness()
         with self.call_lock:
             # Calls other threads started before the hook was this block's must end first.
             if not opaque.wait_for_calls(timeout=5.0):
