@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -372,3 +373,29 @@ def test_one_step_function_called_from_two_loops_is_one_training_step(detail: st
         recs.append(rec)
     fd = nddebug.compare(recs).first_divergence
     assert fd is not None and (fd.step, fd.steps) == (7, 10), fd
+
+
+@pytest.mark.parametrize("detail", ["ops", "steps", "step:6"])
+def test_variables_made_in_the_first_call_do_not_add_a_step(detail: str) -> None:
+    """A Keras optimizer makes its slots inside the step's first call, and TensorFlow runs
+    their initializer as a call of its own before the step: by steps, a run of 10 steps
+    counted 11 and named the step after the one where the runs part ("step 7 of 11")."""
+    recs = []
+    for run in range(2):
+        w = tf.Variable(tf.ones([4]))
+        opt = keras.optimizers.SGD(0.1, momentum=0.9)
+
+        @tf.function
+        def step(x, w=w, opt=opt):
+            opt.apply_gradients([(tf.sin(w * x), w)])
+            return tf.reduce_sum(w)
+
+        xs = [1.0] * 10
+        if run:
+            xs[5] = 1.5  # step 6 gets another input in the second run
+        with nddebug.trace(detail=detail) as rec:
+            for x in xs:
+                step(tf.constant(x))
+        recs.append(rec)
+    fd = nddebug.compare(recs).first_divergence
+    assert fd is not None and (fd.step, fd.steps) == (6, 10 if detail != "step:6" else 6), fd

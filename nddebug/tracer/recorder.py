@@ -13,7 +13,7 @@ from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
 from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, OpInfo, Recording
-from nddebug.tracer import eager, instrument, opaque, ops, rerun, session, transport
+from nddebug.tracer import calls, eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 from nddebug.tracer.steps import StepFolder
@@ -165,6 +165,8 @@ class Recorder:
         instrument.hook_graph_ends()
         instrument.hook_pfor()
         instrument.hook_statefulness()
+        calls.hook_function_calls()
+        calls.listen(self.end_outer_call)
         with self.call_lock:
             # Calls other threads started before the hook was this block's must end first.
             if not opaque.wait_for_calls(timeout=5.0):
@@ -197,6 +199,7 @@ class Recorder:
             self.release_call()
             self.stopped = True
         self.pre_call.uninstall()
+        calls.listen(None)
         if self._on_function in concrete_function.CONCRETE_FUNCTION_CALLBACKS:
             concrete_function.CONCRETE_FUNCTION_CALLBACKS.remove(self._on_function)
         Recorder.active = None
@@ -275,9 +278,23 @@ class Recorder:
                 self.pending.clear()
             self.recording.events.append(ev)
             if call_device is not None and self.steps.active:
-                self.steps.end_step(self)
+                if calls.inside_function_call():
+                    self.steps.held = True  # one step with the call under way
+                else:
+                    self.steps.end_step(self)
             if call_device is not None and self.stream is not None:
                 self._stream_out()
+
+    def end_outer_call(self) -> None:
+        """A tf.function call made on this block's thread returned: the calls it made (its
+        own, and TensorFlow's variable initializer before a first call) form one step."""
+        if not self.steps.held:
+            return
+        with self.lock:
+            if self.steps.active and self.steps.held:
+                self.steps.end_step(self)
+                if self.stream is not None:
+                    self._stream_out()
 
     def _stream_out(self) -> None:
         """Write the complete steps held in memory to the block's file once they reach a

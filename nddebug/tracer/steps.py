@@ -47,6 +47,10 @@ class StepFolder:
     def __init__(self, detail: str) -> None:
         self.mode, self.keep = parse(detail)
         self.step = 0  # steps completed so far
+        # A call appended while the tf.function call that made it is still under way (the
+        # variable initializer TensorFlow runs before a function's first call): the step
+        # ends when that outer call returns (:func:`end_outer_call`).
+        self.held = False
         self.start = 0  # index in recording.events where the current step began
         self.op_id: int | None = None
 
@@ -56,6 +60,7 @@ class StepFolder:
 
     def end_step(self, recorder: Any) -> None:
         """A top-level call was just appended: its step is complete."""
+        self.held = False
         self.step += 1
         self._close(recorder, self.step)
 
