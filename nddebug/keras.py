@@ -122,6 +122,10 @@ class DeterminismCheck(keras.callbacks.Callback):
                 return model.train_function(iter(taken))
             return model.train_function(batch_iterator())
 
+        # The model's own train function while checking, not this wrapper: check() runs the
+        # step as compiled first when the model uses XLA (jit_compile=True), and that pass
+        # keeps the model's function, which would otherwise be this check calling itself.
+        model.train_function = original
         report = check(step, repeats=self.repeats, state=model, advance=False)
         self.reports.append(report)
         outputs = original(batch_iterator())

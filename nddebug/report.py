@@ -256,9 +256,13 @@ class Report:
         c = self.comparison
         if self.errors:
             return "NOT checked"
-        if c.findings or c.paths or (self.as_compiled is not None and not self.as_compiled.ok):
+        # The program as compiled counts as it ended: a difference there is one here; a
+        # blind spot there (an XLA call's inner writes) is "not everything compared", not a
+        # difference that no run showed.
+        compiled = self.as_compiled.verdict if self.as_compiled is not None else ""
+        if c.findings or c.paths or compiled in ("NOT reproducible", "NOT checked"):
             return "NOT reproducible"
-        if self._risks(applies=True):
+        if self._risks(applies=True) or compiled.startswith("NOT shown reproducible"):
             return "NOT shown reproducible: a known non-deterministic op ran"
         if any(r.status == "interrupted" for r in self._compared_runs()):
             return "no difference seen, but not everything compared"

@@ -50,6 +50,37 @@ def test_callback_leaves_training_bitwise_identical_on_a_deterministic_model() -
     )
 
 
+def test_callback_on_an_xla_model_checks_it_as_compiled_and_trains_as_fit() -> None:
+    """With compile(jit_compile=True), check()'s first pass runs the model's own train
+    function, which was the callback's wrapper: the check called itself (TraceError: blocks
+    cannot be nested) and fit crashed. A blind spot of the compiled pass (an XLA call's
+    inner writes) also turned the XLA-off pass's clean result into "NOT reproducible"."""
+    rng = np.random.default_rng(1)
+    x = rng.random((16, 6), dtype=np.float32)
+    y = rng.random((16, 3), dtype=np.float32)
+
+    def model() -> keras.Model:
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="tanh")])
+        m.compile(loss="mse", optimizer=keras.optimizers.SGD(0.1), jit_compile=True)
+        return m
+
+    with_cb, without = model(), model()
+    callback = DeterminismCheck(every_n_steps=2, repeats=2, on_failure="warn")
+    with pytest.warns(UserWarning) as caught:  # the compiled pass cannot see inside XLA
+        with_cb.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    without.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert len(callback.reports) == 2
+    for report in callback.reports:
+        assert report.as_compiled is not None, str(report)
+        assert not report.comparison.findings and not report.as_compiled.comparison.findings
+        assert report.verdict != "NOT reproducible", str(report)
+    assert all("NOT reproducible" not in str(w.message) for w in caught)
+    assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
+        collect_variables(without)
+    )
+
+
 def test_a_check_covers_every_batch_of_a_call_with_steps_per_execution() -> None:
     """With steps_per_execution=4 a call of the train function trains on 4 batches; the
     callback checked one and trained on it alone, so training silently lost batches."""
