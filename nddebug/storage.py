@@ -226,11 +226,28 @@ def _not_a_recording(path: str, layout: str, rows: int, writing: bool) -> Record
     )
 
 
+def integrity_problem(rows: list[tuple[Any, ...]]) -> str:
+    """What SQLite's ``PRAGMA quick_check`` found, on one line ("" when the file is sound). Its
+    report spans lines ("*** in database main ***", then "Multiple uses for byte 3505 of
+    page 7"), and an error about a bad file is one line."""
+    problems = [" ".join(str(row[0]).split()) for row in rows]
+    if problems == ["ok"]:
+        return ""
+    shown = []
+    for text in problems:  # up to the first problem after the "*** in database ***" header
+        shown.append(text)
+        if not (text.startswith("***") and text.endswith("***")):
+            break
+    return " ".join(shown) or "no answer"
+
+
 def _check_format(con: sqlite3.Connection, path: str, writing: bool = False) -> None:
     try:
-        ok = con.execute("PRAGMA quick_check").fetchall()[0][0]
-        if ok != "ok":
-            raise RecordingFileError(f"{path}: the file is damaged ({ok}); it may be truncated")
+        problem = integrity_problem(con.execute("PRAGMA quick_check").fetchall())
+        if problem:
+            raise RecordingFileError(
+                f"{path}: the file is damaged ({problem}); it may be truncated"
+            )
         layout, rows = _layout(con)
         if layout != _RECORDING:
             raise _not_a_recording(path, layout, rows, writing)

@@ -595,3 +595,17 @@ def test_magic_recording_output_holds_every_run(magic):
     saved = magic["saved"]
     assert saved["labels"] == saved["expected"]
     assert saved["labels"] == ["repeat 0", "repeat 1", "capture 0", "capture 1"]
+
+
+def test_sqlite_damage_is_said_on_one_line():
+    """SQLite's quick_check answers "*** in database main ***" and the problem on the next
+    line (a bit flipped in a page of a recording): the error printed both lines, where a
+    bad file gets one."""
+    rows = [("*** in database main ***\nMultiple uses for byte 3505 of page 7",)]
+    assert storage.integrity_problem(rows) == (
+        "*** in database main *** Multiple uses for byte 3505 of page 7"
+    )
+    split = [("*** in database main ***",), ("On tree page 4 cell 2: extends off page",)]
+    assert "\n" not in storage.integrity_problem(split)
+    assert "extends off page" in storage.integrity_problem(split)
+    assert storage.integrity_problem([("ok",)]) == ""
