@@ -769,17 +769,35 @@ def _encode_chunk(events: Sequence[Event]) -> _Chunk:
         arrays["reruns"] = _narrow(np.array(n_reruns, np.int64))
         arrays["rerun_outputs"] = _narrow(np.array(rerun_outputs, np.int64))
     directory, data = _pack(arrays)
+    outputs, inputs = int(sum(n_out)), int(np.maximum(n_in_arr - 1, 0).sum())
+    check = _chunk_check((first_seq, n, outputs, inputs, len(entries), directory), data)
     return _Chunk(
         first_seq=first_seq,
         last_seq=int(seq[-1]),
         events=n,
-        outputs=int(sum(n_out)),
-        inputs=int(np.maximum(n_in_arr - 1, 0).sum()),
+        outputs=outputs,
+        inputs=inputs,
         entries=len(entries),
         arrays=directory,
-        data=data,
+        data=data + check,
         op_ids=set(op_ids),
     )
+
+
+#: A chunk's ``data`` ends with a check of the whole row: these 4 bytes, then the CRC-32
+#: (little-endian) of its other columns and its arrays' bytes. A bit flipped in a number the
+#: arrays hold raw (an op id, a count) read as another run; with the check it is damage.
+#: Chunks written before it have no check (nothing to verify); readers that predate it read
+#: the arrays by their offsets and never look past them.
+_CHECK_MAGIC = b"ndck"
+_CHECK_SIZE = len(_CHECK_MAGIC) + 4
+
+
+def _chunk_check(columns: tuple[Any, ...], arrays: bytes) -> bytes:
+    """The check that ends a chunk's data: see :data:`_CHECK_MAGIC`."""
+    head = "|".join(str(c) for c in columns).encode()
+    crc = zlib.crc32(arrays, zlib.crc32(head))
+    return _CHECK_MAGIC + crc.to_bytes(4, "little")
 
 
 def _check_ops(chunks: list[_Chunk], known: set[int], ops: Mapping[int, OpInfo]) -> None:
@@ -832,13 +850,18 @@ class _Columns:
     arrays: dict[str, np.ndarray]
 
 
-def _unpack(directory_text: Any, data: Any, n: int) -> dict[str, np.ndarray]:
+def _unpack(
+    directory_text: Any, data: Any, n: int, columns: tuple[Any, ...] = ()
+) -> dict[str, np.ndarray]:
+    """The arrays of a chunk, checked against its directory and, given the row's other
+    ``columns``, against the check that ends its data (chunks written before it have none)."""
     if not isinstance(data, bytes):
         raise RowError(f"its data is {type(data).__name__}, not bytes")
     directory = _json(directory_text, "its arrays directory")
     if not isinstance(directory, dict):
         raise RowError(f"its arrays directory is JSON {json_kind(directory)}, not an object")
     out = {}
+    end = 0
     for name, spec in directory.items():
         if name not in _REQUIRED and name not in _OPTIONAL:
             raise RowError(f"it has an unknown array {name!r}")
@@ -854,6 +877,7 @@ def _unpack(directory_text: Any, data: Any, n: int) -> dict[str, np.ndarray]:
         if offset + nbytes > len(data):
             raise RowError(f"its array {name!r} lies beyond the end of its data")
         blob = data[offset : offset + nbytes]
+        end = max(end, offset + nbytes)
         expected = count * np.dtype(dtype).itemsize
         if codec == "zlib":
             try:
@@ -870,6 +894,7 @@ def _unpack(directory_text: Any, data: Any, n: int) -> dict[str, np.ndarray]:
     for name in _REQUIRED:
         if name not in out:
             raise RowError(f"it lacks the array {name!r}")
+    _verify_check(data, end, columns)
     for name in ("op_id", "call", "outputs", "inputs", "seq", "shapes", "reruns"):
         if name in out and len(out[name]) != n:
             raise RowError(f"its array {name!r} has {len(out[name])} values for {n} executions")
@@ -892,6 +917,17 @@ def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(shift, counts) + np.arange(total, dtype=np.int64)
 
 
+def _verify_check(data: bytes, end: int, columns: tuple[Any, ...]) -> None:
+    """Compare the check after a chunk's arrays (if any) with the row it was written for."""
+    tail = data[end:]
+    if not tail:
+        return  # written before chunks had a check
+    if len(tail) != _CHECK_SIZE or not tail.startswith(_CHECK_MAGIC):
+        raise RowError(f"its data has {len(tail)} byte(s) after its arrays that are not a check")
+    if columns and tail != _chunk_check(columns, data[:end]):
+        raise RowError("its check does not match what it holds (a byte changed)")
+
+
 def _decode_chunk(row: tuple, ops: Mapping[int, OpInfo] | None) -> _Columns:
     """A ``chunks`` row (first_seq, events, outputs, inputs, entries, arrays, data) decoded and
     checked (RowError says what is wrong); ops: the run's ops, to check the op ids."""
@@ -904,7 +940,7 @@ def _decode_chunk(row: tuple, ops: Mapping[int, OpInfo] | None) -> _Columns:
             raise RowError(f"its {name} is {json_kind(value)} {value!r:.60}, not an integer")
     if n <= 0:
         raise RowError(f"it holds {n} op executions")
-    a = _unpack(directory, data, n)
+    a = _unpack(directory, data, n, (first_seq, n, n_outputs, n_inputs, n_entries, directory))
     op_id = a["op_id"].astype(np.int64)
     if ops is not None:
         known = np.fromiter(ops, np.int64, len(ops))

@@ -796,3 +796,51 @@ def test_the_reader_in_docs_format_md_reads_a_file_without_nddebug(real_runs, tm
     for got, rec in zip(runs, real_runs, strict=True):
         want = [[ev.seq, ev.op_id, ev.call, ev.digests, ev.inputs, ev.reruns] for ev in rec.events]
         assert got["events"] == json.loads(json.dumps(want))
+
+
+def test_every_flipped_bit_of_a_chunk_is_damage_never_another_run(tmp_path):
+    """The arrays hold small numbers raw (an op id, a count): a flipped bit there loaded as
+    another run, and the report moved the first divergence to another op and step. A check
+    at the end of each chunk's data covers its bytes and the row's other columns."""
+    path = tmp_path / "flips.nddebug"
+    rec = _small_run("flips", n=40)
+    rec.events = [Event(i, 0, i + i // 7, [(i, -i)], [(i, i)], None) for i in range(40)]
+    storage.save([rec], str(path))
+    assert nddebug.load(str(path))[0].events == rec.events
+    with sqlite3.connect(path) as con:
+        data, first_seq = con.execute("SELECT data, first_seq FROM chunks").fetchone()
+    assert data[-8:-4] == b"ndck"
+    silent = []
+    for position in range(len(data)):
+        for bit in (0, 5):
+            bad = bytearray(data)
+            bad[position] ^= 1 << bit
+            with sqlite3.connect(path) as con:
+                con.execute("UPDATE chunks SET data = ?", (bytes(bad),))
+            try:
+                nddebug.load(str(path))
+            except nddebug.RecordingFileError as exc:
+                assert "\n" not in str(exc)
+            else:
+                silent.append((position, bit))
+    assert not silent, f"flips that loaded without an error: {silent[:10]}"
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE chunks SET data = ?, first_seq = ?", (data, first_seq + 1))
+    with pytest.raises(nddebug.RecordingFileError, match="check does not match"):
+        nddebug.load(str(path))
+
+
+def test_chunks_written_before_the_check_still_load(tmp_path):
+    """A chunk whose data ends with its arrays (files written before the check) loads as it
+    did; bytes after the arrays that are not a check are damage."""
+    path = tmp_path / "old.nddebug"
+    rec = _small_run("old", n=20)
+    storage.save([rec], str(path))
+    with sqlite3.connect(path) as con:
+        (data,) = con.execute("SELECT data FROM chunks").fetchone()
+        con.execute("UPDATE chunks SET data = ?", (data[:-8],))
+    assert nddebug.load(str(path))[0].events == rec.events
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE chunks SET data = ?", (data[:-8] + b"junk",))
+    with pytest.raises(nddebug.RecordingFileError, match="not a check"):
+        nddebug.load(str(path))
