@@ -383,8 +383,8 @@ def hook_statefulness() -> None:
     StatelessIf or StatelessWhile. Automatic control dependencies then chained those
     calls, and grappler inlined and merged their bodies otherwise: silu followed by a
     ``tf.cond`` under a tape computed gradients 2 ULP away from the plain program's.
-    Records still run: each is a control output of its function (:func:`_order_record`),
-    and function bodies keep every op the runtime sees as stateful."""
+    Records still run: each is marked as an op its function must run, a control output
+    (:func:`_order_record`); automatic control dependencies no longer do it for them."""
     global _stateful_hooked
     if _stateful_hooked:
         return
@@ -594,7 +594,7 @@ def _send_fused(
 
 
 def _order_record(graph: Any, sender: Any, resource: str) -> None:
-    """Give a native record op the place it needs among the others, and no more.
+    """Give a record op the place it needs among the others, and no more.
 
     A record must run (a control output of its function) but waits in no line of stateful
     ops: it reads its inputs' digests from their records, and an op that waits for its
@@ -856,13 +856,7 @@ def _catch_up(rec: Any, graph: Any, inputs: Any) -> None:
         stack.extend((t.op, False) for t in op.inputs)
     for op in order:
         instrument_op(
-            rec,
-            op.type,
-            list(op.inputs),
-            dict(op.node_def.attr),
-            list(op.outputs),
-            op.name,
-            graph,
+            rec, op.type, list(op.inputs), dict(op.node_def.attr), list(op.outputs), op.name, graph
         )
 
 
