@@ -256,17 +256,26 @@ class Report:
         c = self.comparison
         if self.errors:
             return "NOT checked"
-        # The program as compiled counts as it ended: a difference there is one here; a
-        # blind spot there (an XLA call's inner writes) is "not everything compared", not a
-        # difference that no run showed.
-        compiled = self.as_compiled.verdict if self.as_compiled is not None else ""
-        if c.findings or c.paths or compiled in ("NOT reproducible", "NOT checked"):
+        if c.findings or c.paths or self._compiled_differs():
             return "NOT reproducible"
-        if self._risks(applies=True) or compiled.startswith("NOT shown reproducible"):
+        if self._risks(applies=True) or self._compiled_risky():
             return "NOT shown reproducible: a known non-deterministic op ran"
         if any(r.status == "interrupted" for r in self._compared_runs()):
             return "no difference seen, but not everything compared"
         return "reproducible" if self.ok else "no difference seen, but not everything compared"
+
+    # The program as compiled (check() of an XLA step) counts as it ended: a difference or an
+    # error there is one here; a blind spot there (an XLA call's inner writes) only makes this
+    # report "not everything compared" (see ok), not a difference that no run showed.
+    def _compiled_differs(self) -> bool:
+        ac = self.as_compiled
+        return ac is not None and bool(
+            ac.errors or ac.comparison.findings or ac.comparison.paths or ac._compiled_differs()
+        )
+
+    def _compiled_risky(self) -> bool:
+        ac = self.as_compiled
+        return ac is not None and bool(ac._risks(applies=True) or ac._compiled_risky())
 
     @property
     def sources(self) -> pd.DataFrame:

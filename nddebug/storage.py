@@ -851,7 +851,7 @@ class _Columns:
 
 
 def _unpack(
-    directory_text: Any, data: Any, n: int, columns: tuple[Any, ...] = ()
+    directory_text: Any, data: Any, n: int, columns: tuple[Any, ...]
 ) -> dict[str, np.ndarray]:
     """The arrays of a chunk, checked against its directory and, given the row's other
     ``columns``, against the check that ends its data (chunks written before it have none)."""
@@ -924,7 +924,7 @@ def _verify_check(data: bytes, end: int, columns: tuple[Any, ...]) -> None:
         return  # written before chunks had a check
     if len(tail) != _CHECK_SIZE or not tail.startswith(_CHECK_MAGIC):
         raise RowError(f"its data has {len(tail)} byte(s) after its arrays that are not a check")
-    if columns and tail != _chunk_check(columns, data[:end]):
+    if tail != _chunk_check(columns, data[:end]):
         raise RowError("its check does not match what it holds (a byte changed)")
 
 

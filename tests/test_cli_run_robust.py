@@ -84,13 +84,13 @@ def test_a_chatty_script_does_not_hang_and_each_run_has_its_progress_line(tmp_pa
         assert re.fullmatch(f"nddebug: run {i}/2: {re.escape(script)} … {done}", line), line
 
 
-def test_a_script_that_exits_cleanly_inside_its_block_is_reproducible(tmp_path) -> None:
-    """sys.exit(0) inside the block was an interrupted run: "not everything compared", exit 1."""
-    script = _script(
+def _ends_inside_its_block(tmp_path, module: str, end: str) -> str:
+    """A script whose trace() block runs one op, then ``end`` (from ``module``)."""
+    return _script(
         tmp_path,
-        "exits.py",
-        """
-        import sys
+        "ends.py",
+        f"""
+        import {module}
 
         import tensorflow as tf
 
@@ -98,10 +98,14 @@ def test_a_script_that_exits_cleanly_inside_its_block_is_reproducible(tmp_path) 
 
         with nddebug.trace():
             tf.reduce_sum(tf.ones([4]) * 2.0)
-            sys.exit(0)
+            {end}
         """,
     )
-    result = _nddebug("run", "-n", "2", script)
+
+
+def test_a_script_that_exits_cleanly_inside_its_block_is_reproducible(tmp_path) -> None:
+    """sys.exit(0) inside the block was an interrupted run: "not everything compared", exit 1."""
+    result = _nddebug("run", "-n", "2", _ends_inside_its_block(tmp_path, "sys", "sys.exit(0)"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "reproducible — 2 runs" in result.stdout
     assert "exception inside the block" not in result.stdout
@@ -109,22 +113,7 @@ def test_a_script_that_exits_cleanly_inside_its_block_is_reproducible(tmp_path) 
 
 def test_a_process_that_ends_inside_its_block_is_not_said_to_have_run_none(tmp_path) -> None:
     """os._exit(0) inside the block: "ran no nddebug.trace() block: wrap the training step"."""
-    script = _script(
-        tmp_path,
-        "quits.py",
-        """
-        import os
-
-        import tensorflow as tf
-
-        import nddebug
-
-        with nddebug.trace():
-            tf.reduce_sum(tf.ones([4]) * 2.0)
-            os._exit(0)
-        """,
-    )
-    result = _nddebug("run", "-n", "2", script)
+    result = _nddebug("run", "-n", "2", _ends_inside_its_block(tmp_path, "os", "os._exit(0)"))
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("nddebug: error:")]
     assert "entered a nddebug.trace() block" in line and "os._exit()" in line, line
