@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import hashlib
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from nddebug.recording import (
     CALL_OPS,
     NOT_COMPARED,
     OPAQUE,
+    RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
     STATE_FILLERS,
@@ -89,6 +90,12 @@ class Comparison:
 
 #: Ops that create variables: a run that made them did work the later runs of one process skip.
 VARIABLE_CREATION = frozenset({"VarHandleOp", "VariableV2", "VarIsInitializedOp"})
+
+
+def _call_like(op: OpInfo) -> bool:
+    """A call, branch or loop, or a value a function returned that its caller recorded with the
+    call's inputs: what it outputs, ops inside the function computed."""
+    return op.op_type in CALL_OPS or op.note == RECORDED_BY_CALLER
 
 
 def first_run_setup(findings: list[OpFinding], first_only: set[str]) -> set[str]:
@@ -369,18 +376,26 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     _state_propagation(findings, run_seqs)
     _fused_chains(findings)
     _entry_point(findings)
-    if any(f.role == "source" and f.op.op_type not in CALL_OPS for f in findings):
+    if any(f.role == "source" and not _call_like(f.op) for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
         for f in findings:
-            if f.role == "source" and f.op.op_type in CALL_OPS:
+            if f.role == "source" and _call_like(f.op):
                 f.role = "propagated"
     device = recordings[0].environment.get("emulated_device", "")
     setup = first_run_setup(findings, first_only)
     data_writers = _data_function_writers(recordings)
+    updates = _updates_per_graph(recordings)
+    restored = {
+        str(op.attrs.get("variable"))
+        for op in recordings[0].ops.values()
+        if op.op_type == "VariableState" and op.attrs.get("variable")
+    }
     for f in findings:
         _explain(f, device)
         if f.role == "source" and f.op.resource in data_writers:
             _written_in_data(f, data_writers[f.op.resource])
+        elif f.role == "source" and f.kind == "other" and f.op.note == UPDATE_NOTE:
+            _maybe_unordered(f, updates.get((f.op.graph, f.op.resource), 1) - 1, restored)
         if f.key in setup:
             f.explanation = (
                 "ran in the first run only, which created variables (a first call builds the "
@@ -668,7 +683,9 @@ def not_compared(recordings: list[Recording]) -> list[str]:
     )
 
 
-_PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue")
+#: Ops that hand on a dataset's elements: a dataset's iterator, and the ops that run a
+#: dataset inside the step (``Dataset.get_single_element``, ``Dataset.reduce``).
+_PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue", "DatasetToSingleElement", "ReduceDataset")
 
 
 def _data_function_writers(recordings: list[Recording]) -> dict[str, OpInfo]:
@@ -696,6 +713,44 @@ def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:
         "which nddebug does not see into: the difference arose there, from the data the "
         "loop was given (its order: an unseeded shuffle) or from an op inside its body"
     )
+
+
+#: What an update op's record holds (OpInfo.note): the variable's value after it.
+UPDATE_NOTE = "value of the variable after this update"
+
+
+def _updates_per_graph(recordings: list[Recording]) -> Counter[tuple[str, str]]:
+    """How many update ops of each variable each graph has (eager updates left out: Python
+    runs them one after another)."""
+    return Counter(
+        (op.graph, op.resource)
+        for op in recordings[0].ops.values()
+        if op.note == UPDATE_NOTE and op.resource and op.graph
+    )
+
+
+def _maybe_unordered(f: OpFinding, others: int, restored: set[str]) -> None:
+    """An update whose inputs were identical but whose variable held a different value before
+    it. With other updates of that variable in the same graph, nothing may order them (they
+    race); where check() restored the variable before each run (``restored``: the variables
+    it records as VariableState), state carried over is ruled out and the race is the
+    reason. A race of eight unordered float updates of one variable, passed as state= and
+    restored, was explained as "state was not restored", with that advice."""
+    if others < 1:
+        return
+    race = (
+        f"{others} other update(s) of the same variable run in this graph: unless a data or "
+        "control dependency orders them, they run in whatever order the threads take, and a "
+        "sum in another order rounds differently"
+    )
+    if f.op.resource in restored:
+        f.kind = "unordered updates"
+        f.explanation = (
+            "the update's inputs were identical, and check() restored the variable before "
+            f"each run, but it held a different value before this update: {race}"
+        )
+    else:
+        f.explanation += f"; or {race}"
 
 
 def _explain(f: OpFinding, device: str = "") -> None:
@@ -786,7 +841,7 @@ def _explain(f: OpFinding, device: str = "") -> None:
         "any",
         knowledge.device_kind(device),
     )
-    if op.note == "value of the variable after this update" and not on_its_device:
+    if op.note == UPDATE_NOTE and not on_its_device:
         f.culprit = None  # an entry for another device would give the wrong advice
         f.kind = "other"
         f.explanation = (
@@ -823,6 +878,11 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.explanation = "same inputs, different output: the kernel itself is non-deterministic"
     if f.kind == "random" and op.attrs.get("seed", 0) == 0 and op.attrs.get("seed2", 0) == 0:
         f.explanation += " (this op has no seed)"
+    if op.note == RECORDED_BY_CALLER:
+        f.explanation += (
+            " [its value is recorded where the function that returns it is called, with the "
+            "call's inputs as its inputs: the difference arose in that function]"
+        )
     if op.fused:
         chain = " -> ".join([*op.fused.values(), op.op_type])
         f.explanation += (

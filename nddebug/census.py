@@ -16,6 +16,7 @@ has. The parent never imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -428,8 +429,14 @@ class _Worker:
             start_new_session=True,  # Ctrl-C reaches the parent only; it stops the worker
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(spec).encode())
-        self.proc.stdin.close()
+        try:
+            self.proc.stdin.write(json.dumps(spec).encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            # The worker died before it read its spec (killed, out of memory): its output
+            # ends at once and its exit code becomes the rows' error, as for a later death.
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         self._buffer = b""
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)

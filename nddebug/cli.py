@@ -101,13 +101,14 @@ def _parser() -> argparse.ArgumentParser:
         help="show the runs' standard output and error (on standard error) as they come; "
         "otherwise only the last lines of a failed run's standard error are shown",
     )
-    run.add_argument(
+    detail = run.add_mutually_exclusive_group()
+    detail.add_argument(
         "--steps",
         action="store_true",
         help="keep one digest per step instead of every op execution (very long runs): "
         "says at which step the runs first part, not which op",
     )
-    run.add_argument(
+    detail.add_argument(
         "--bisect",
         action="store_true",
         help="--steps, then run the script twice more recording only the first divergent "
@@ -301,6 +302,7 @@ def _report(args: argparse.Namespace) -> int:
     from nddebug.longruns import compare_file, long_run_threshold
     from nddebug.recording import Recording
 
+    _check_output(args.output, "the report file")
     index = storage.run_index(args.file)
     if len(index) >= 2 and max(n for *_, n in index) >= long_run_threshold():
         headers = [Recording(run_id=r, label=label, kind=kind) for r, label, kind, _ in index]
@@ -338,20 +340,23 @@ def _hashseed(option: str, run: int) -> str | None:
     return option
 
 
-def _check_output(output: str | None) -> None:
-    """Fail before any run if ``-o``'s folder is missing or cannot be written."""
+def _check_output(output: str | None, what: str = "the recording file") -> None:
+    """Fail before any run (or any report is computed) if ``-o``'s folder is missing or
+    cannot be written."""
     if not output:
         return
     path = os.path.abspath(output)
     folder = os.path.dirname(path)
     if os.path.isdir(path):
-        raise UsageError(f"-o {output}: {path} is a folder; give the recording file's name")
+        raise UsageError(f"-o {output}: {path} is a folder; give {what}'s name")
     if not os.path.isdir(folder):
         raise UsageError(f"-o {output}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK) or (
         os.path.exists(path) and not os.access(path, os.W_OK)
     ):
         raise UsageError(f"-o {output}: cannot write in the folder {folder}")
+    if what != "the recording file":
+        return
     from nddebug import storage
 
     appendable = getattr(storage, "check_appendable", None)  # (newer storage modules)
@@ -465,6 +470,7 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
 
     from nddebug.check import compare
     from nddebug.tracer import DETAIL_ENV
+    from nddebug.tracer.steps import STEP_OP
 
     status = OK
     blocks = min(len(run[0]) for run in per_run)
@@ -472,9 +478,14 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
         first = compare([run[0][b] for run in per_run]).first_divergence
         if first is None or first.step is None:
             continue
-        k = first.step
+        # The step to record in full is the folded step that diverged first, counted as the
+        # recorder folds them (one per top-level call); the report's step counts only the
+        # calls of the function called most often.
+        ref = per_run[0][0][b]
+        k = sum(1 for ev in ref.events[: first.index + 1] if ref.ops[ev.op_id].op_type == STEP_OP)
         _say(
-            f"\n=== --bisect: step {k} of trace block {b + 1}, recorded in full in 2 fresh runs ==="
+            f"\n=== --bisect: step {first.step} of trace block {b + 1}, recorded in full in 2 "
+            "fresh runs ==="
         )
         again = copy.copy(args)
         again.runs = 2
@@ -907,6 +918,7 @@ def _census(args: argparse.Namespace) -> int:
     from nddebug.census_cases import CASES, cases
 
     ops = [name.strip() for name in args.ops.split(",") if name.strip()] or None
+    _check_output(args.output, "the table file")
     if args.list:
         try:
             chosen = cases(ops) if ops else CASES

@@ -37,7 +37,16 @@ __all__ = [
 SCHEMA_VERSION = 2
 DEVICES = ("GPU", "CPU", "any")
 PASSES = ("forward", "backward", "both")
-KINDS = ("numerical", "random", "input pipeline", "control flow", "other", "collective", "race")
+KINDS = (
+    "numerical",
+    "random",
+    "input pipeline",
+    "control flow",
+    "other",
+    "collective",
+    "race",
+    "unordered updates",
+)
 #: Kinds of sources that are not one op: calls nddebug cannot see inside. [advice] has a text
 #: for each, besides the culprit kinds.
 OPAQUE_KINDS = ("XLA cluster", "uninstrumented function")

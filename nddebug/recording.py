@@ -26,6 +26,11 @@ CALL_OPS = {
     "StatelessCase",
 }
 
+#: OpInfo.note of an op whose value a nested function returned and its caller recorded (where
+#: grappler rewrites it with its reader there): its record's inputs are the call's inputs, so,
+#: like a call, it is not a source when an op inside the function is.
+RECORDED_BY_CALLER = "returned by its function and recorded in the caller, with the call's inputs"
+
 
 #: Ops that read only the shapes of their inputs, never their values. The tracer digests
 #: none of their inputs (a digest would be a second reader of the value: grappler then keeps
@@ -116,6 +121,20 @@ class OpInfo:
         new = object.__new__(OpInfo)
         new.__dict__.update(self.__dict__)
         return new
+
+
+def step_callee(op: OpInfo) -> str:
+    """What a top-level call calls, as steps are counted (:mod:`nddebug.timeline`): its key
+    without the line it was called from (``eager:__inference_step@train.py:40 (main)`` ->
+    ``eager:__inference_step``), so that one function called from two loops (a first epoch,
+    then the rest) is one training step; but with the library functions that made the call
+    (``via TensorFlowTrainer.fit > ...``), so that Keras's train and test functions (both
+    ``multi_step_on_iterator``, called from the user's ``model.fit`` line) are two."""
+    if not op.function:
+        return op.key
+    base, _, rest = op.key.partition("@")
+    _, via, callers = rest.partition(" via ")
+    return f"{base}{via}{callers}"
 
 
 @dataclass

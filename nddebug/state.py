@@ -120,6 +120,12 @@ class StateKeeper:
         self.initial: Snapshot = {}  # variables created while watching, at creation
         self.unreadable: list[str] = []  # created, but their initial value could not be read
 
+    def also(self, extra: Any) -> None:
+        """Keep ``extra``'s variables too (state the step changes that the user did not
+        name; None: nothing)."""
+        held = {id(v) for v in self.variables}
+        self.variables += [v for v in collect_variables(extra) if id(v) not in held]
+
     def snapshot(self) -> Snapshot:
         return {id(v): (v, v.numpy()) for v in self.variables}
 
@@ -279,3 +285,19 @@ class RandomStreams:
         if self.tf_generator is not None:
             gen, state = self.tf_generator
             gen.state.assign(state)
+
+
+def keras_global_seed_generator() -> Any:
+    """Keras's global SeedGenerator, what ``keras.random.*`` ops given no seed draw from, if
+    Keras made one (None otherwise, and when Keras is not loaded: nothing drew from it)."""
+    import sys
+
+    if "keras" not in sys.modules:
+        return None
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    except ImportError:  # another Keras: nothing to put back
+        return None
+    gen = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    return gen if hasattr(gen, "state") else None

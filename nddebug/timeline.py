@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from nddebug.recording import Event, OpInfo, Recording
+from nddebug.recording import Event, OpInfo, Recording, step_callee
 
 #: The pseudo-op of a step folded into one digest (nddebug.tracer.steps.STEP_OP).
 STEP_OP = "Step"
@@ -88,7 +88,11 @@ def step_calls(rec: Recording) -> list[int]:
 
 
 def steps_among(eager: list[tuple[int, OpInfo | None]]) -> list[int]:
-    """:func:`step_calls` over a run's top-level executions, given as (seq, op) in order."""
+    """:func:`step_calls` over a run's top-level executions, given as (seq, op) in order.
+    A folded step (``Step``) names the call that ended it (``attrs["callee"]``) and counts
+    as a call of that. One that names none holds the eager ops after the last call, part of
+    the last step as in a block recorded in full; in a recording made before steps named
+    their call, none does, and each is a step."""
     calls: Counter[str] = Counter()
     first: dict[str, int] = {}
     folded = []
@@ -96,24 +100,22 @@ def steps_among(eager: list[tuple[int, OpInfo | None]]) -> list[int]:
     for seq, op in eager:
         if op is None:
             continue
-        if op.op_type == STEP_OP:
+        if op.op_type == STEP_OP and not op.attrs.get("callee"):
             folded.append(seq)
+            continue
+        if op.op_type == STEP_OP:
+            callee = str(op.attrs["callee"])
         elif op.function or op.op_type == "Session.run":
-            callee = _callee(op)
-            calls[callee] += 1
-            first.setdefault(callee, seq)
-            callees.append((seq, callee))
+            callee = step_callee(op)
+        else:
+            continue
+        calls[callee] += 1
+        first.setdefault(callee, seq)
+        callees.append((seq, callee))
     if not calls:
         return folded
     top = max(calls, key=lambda k: (calls[k], -first[k]))
-    return sorted(folded + [seq for seq, callee in callees if callee == top])
-
-
-def _callee(op: OpInfo) -> str:
-    """What a top-level call calls: its key without the line it was called from
-    (``eager:__inference_step@train.py:40 (main)`` -> ``eager:__inference_step``), so that one
-    function called from two loops (a first epoch, then the rest) is one training step."""
-    return op.key.partition("@")[0] if op.function else op.key
+    return [seq for seq, callee in callees if callee == top]
 
 
 def step_of(steps: list[int], call_seq: int) -> int | None:

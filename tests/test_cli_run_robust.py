@@ -213,6 +213,15 @@ def test_an_output_folder_that_does_not_exist_fails_before_any_run(tmp_path) -> 
     text.write_text("not a recording")
     other = _nddebug("run", "-n", "2", "-o", str(text), script)
     assert other.returncode == 2 and f"-o {text}: exists and is not a recording" in other.stderr
+    both = _nddebug("run", "--steps", "--bisect", "-n", "2", script)  # one or the other
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    assert not marker.exists()
+    # report: the output's folder is checked before the report is computed, and named as -o's
+    report = _nddebug("report", str(text), "-o", str(missing / "r.html"))
+    assert report.returncode == 2
+    assert report.stderr.strip() == (
+        f"nddebug: error: -o {missing / 'r.html'}: the folder {missing} does not exist"
+    )
     assert not marker.exists() and text.read_text() == "not a recording"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import numpy as np
 import pytest
@@ -48,6 +50,35 @@ def test_callback_leaves_training_bitwise_identical_on_a_deterministic_model() -
     assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
         collect_variables(without)
     )
+
+
+class _Noise(keras.layers.Layer):
+    """Noise drawn from Keras's global SeedGenerator (no seed given), as a VAE's sampling
+    layer or a GAN's latent draw does."""
+
+    def call(self, x):
+        return x + 0.1 * keras.random.normal(tf.shape(x))
+
+
+def test_a_model_drawing_from_keras_global_seed_generator_trains_as_without_the_check() -> None:
+    """The global SeedGenerator is state the step advances that the callback's state= (the
+    model) does not hold: the check's runs advanced it, and training went on from another
+    random stream (other weights); its verdicts depended on whether the generator existed
+    before the first check."""
+
+    def train(callbacks: list[Any]) -> bytes:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), _Noise(), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        x, y = np.ones((32, 4), np.float32), np.zeros((32, 1), np.float32)
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        return variables_bytes(collect_variables(model))
+
+    callback = DeterminismCheck(every_n_steps=2, repeats=2)
+    assert train([callback]) == train([])
+    assert len(callback.reports) == 2 and all(r.ok for r in callback.reports), [
+        str(r) for r in callback.reports
+    ]
 
 
 def test_callback_on_an_xla_model_checks_it_as_compiled_and_trains_as_fit() -> None:

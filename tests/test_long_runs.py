@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -399,3 +400,70 @@ def test_variables_made_in_the_first_call_do_not_add_a_step(detail: str) -> None
         recs.append(rec)
     fd = nddebug.compare(recs).first_divergence
     assert fd is not None and (fd.step, fd.steps) == (6, 10 if detail != "step:6" else 6), fd
+
+
+def test_a_block_of_eager_ops_only_is_written_as_it_runs(tmp_path: Any, monkeypatch: Any) -> None:
+    """No tf.function in the block: its eager ops stream to the file too, so memory stays
+    bounded and a process that dies mid-block leaves the chunks so far (before, such a block
+    held all its executions in memory and wrote nothing until it ended)."""
+    from nddebug import storage
+
+    monkeypatch.setattr(storage, "CHUNK_EVENTS", 100)
+    path = str(tmp_path / "eager.nddebug")
+    held = []
+    x = tf.ones([4])
+    with nddebug.trace(path=path) as rec:
+        for _ in range(500):
+            x = x * 1.0001
+            held.append(len(rec.events))
+        assert os.path.exists(path)  # chunks are there while the block still runs
+    assert max(held) <= 100 and rec.events == [] and rec.streamed_to == path
+    whole = rec.whole()
+    assert [rec.ops[e.op_id].op_type for e in whole.events].count("Mul") == 500
+
+
+def test_steps_are_counted_alike_in_full_and_by_steps_with_other_calls_between() -> None:
+    """An evaluation function called every 5 steps: a step is a call of the training step, in
+    full detail and with one digest per step (which counted every top-level call: "step 14 of
+    36" for a divergence at step 12 of 30)."""
+    w = tf.Variable(tf.ones([8, 8]) * 0.1)
+
+    @tf.function
+    def step(x):
+        w.assign_sub(0.05 * tf.tanh(tf.matmul(x, w)))
+        return tf.reduce_sum(w)
+
+    @tf.function
+    def evaluate(x):
+        return tf.reduce_sum(tf.matmul(x, w))
+
+    def run(detail: str, differ_at: int | None) -> Any:
+        w.assign(tf.ones([8, 8]) * 0.1)
+        with nddebug.trace(detail=detail) as rec:
+            for k in range(1, 31):
+                x = np.full([8, 8], 0.5, np.float32)
+                x[0, 0] = 0.9 if k == differ_at else 0.5
+                step(tf.constant(x))
+                if k % 5 == 0:
+                    evaluate(tf.constant(x))
+        return rec
+
+    for detail in ("ops", "steps"):
+        fd = nddebug.compare([run(detail, None), run(detail, 12)]).first_divergence
+        assert (fd.step, fd.steps) == (12, 30), (detail, fd.step, fd.steps)
+
+
+def test_keras_validation_calls_are_not_training_steps() -> None:
+    """fit with validation_data calls Keras's test function, named like its train function
+    (multi_step_on_iterator) and called from the same line of the user's code: the steps were
+    the train and test calls together (42 for 36 training batches)."""
+    from nddebug.timeline import step_calls
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = np.ones((64, 4), np.float32), np.zeros((64, 1), np.float32)
+    for detail in ("ops", "steps"):
+        with nddebug.trace(detail=detail) as rec:
+            model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x[:16], y[:16]))
+        assert len(step_calls(rec)) == 8, detail  # 2 epochs of 4 batches; 2 validations

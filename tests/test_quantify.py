@@ -162,3 +162,27 @@ def test_sources_sort_by_relative_size_unknown_last_and_before_the_rest() -> Non
         "after",  # propagated ops keep the analysis's order
         "before",
     ]
+
+
+def test_capture_runs_stop_once_every_source_is_measured() -> None:
+    """check() takes two capture runs, and more (up to MAX_CAPTURES) only while a source's
+    divergence has not recurred in them: a race that showed in the repeats may not in the
+    next two runs, and its size would then be unknown."""
+    import tensorflow as tf
+
+    import nddebug
+    from nddebug.check import _not_yet_measured
+
+    w = tf.Variable(tf.ones([64, 64]))
+
+    @tf.function
+    def step() -> tf.Tensor:
+        return tf.reduce_sum(tf.random.uniform([64, 64]) @ w)  # unseeded: differs every run
+
+    report = nddebug.check(step, repeats=2, state=[w], confirm=0)
+    source = report.sources.iloc[0]
+    assert source["op_type"] == "RandomUniform" and source["max_ulp"] >= 1
+    assert len(report.captures) == 2  # measured in the first two: no more runs
+    one = report.captures[0]
+    assert _not_yet_measured({source["key"]}, report.captures) == set()
+    assert _not_yet_measured({source["key"]}, [one, one]) == {source["key"]}

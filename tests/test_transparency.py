@@ -352,9 +352,62 @@ def _nested_function_silu() -> Workload:
     return step, (), [w]
 
 
+def _nested_function_optimizer_step() -> Workload:
+    """A nested function (silu times a constant, plus sin) and an optimizer update. The
+    gradient hands the backward function silu's output, which it does not read (its gradient
+    recomputes from the input); grappler prunes that argument once it inlines the call and
+    pushes the constant down the product. A digest of that argument in the caller (for the
+    backward call's record) was a reader the plain program does not have: the loss of the
+    second call was 1 ULP away, and the weights after it."""
+    import keras
+
+    w = tf.Variable(tf.reshape(tf.range(16, dtype=tf.float32), [4, 4]) * 0.03)
+    x = tf.reshape(tf.range(8, dtype=tf.float32), [2, 4]) * 0.1
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build([w])
+
+    @tf.function
+    def inner(h):
+        return tf.nn.silu(h) * 1.3 + tf.sin(h)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            a = inner(x @ w)
+            loss = tf.reduce_sum(a * a) + tf.reduce_mean(a - a)
+        optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+        return loss
+
+    return step, (), [w]
+
+
+def _nested_result_rewritten_by_the_caller() -> Workload:
+    """A nested function returning silu(h), squared by the loss, one gradient: the plain
+    program's grappler moves the gradient's constant into the product across the inlined
+    call, and then does not fuse x * sigmoid(x). A record of the result inside the function
+    (or by the call) was one more reader: the gradient was 1 ULP away. The caller now records
+    it, where it is read."""
+    w = tf.Variable(tf.random.stateless_normal([16, 32], seed=[16, 17]) * 0.3)
+    x = tf.random.stateless_normal([32, 16], seed=[18, 19])
+
+    @tf.function
+    def inner(h):
+        return tf.nn.silu(h)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(inner(x @ w) ** 2)
+        return tape.gradient(loss, w)
+
+    return step, (), [w]
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "silu_then_cond": _silu_then_cond,
     "nested_function_silu": _nested_function_silu,
+    "nested_function_optimizer_step": _nested_function_optimizer_step,
+    "nested_result_rewritten_by_the_caller": _nested_result_rewritten_by_the_caller,
     "gradients_only": _gradients_only,
     "vectorized_map_and_jacobian": _vectorized_map_and_jacobian,
     "add_bias_tanh_sigmoid": _add_bias_tanh_sigmoid,

@@ -15,7 +15,7 @@ from nddebug import digest as dg
 from nddebug import native
 from nddebug.recording import NOT_COMPARED, OPAQUE, STATE_READERS, Event, OpInfo
 from nddebug.tracer import opaque, ops, rerun, undefined
-from nddebug.tracer.location import eager_location
+from nddebug.tracer.location import eager_location, library_callers
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
 
@@ -87,6 +87,13 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     # TF names a function's call op after the function plus a process-specific number;
     # the site is file name, line and function, so keys match across machines too.
     key = f"eager:{ops.UID_SUFFIX.sub('', op_type)}@{site}"
+    if ops.FUNCTION_CALL.match(op_type):
+        # A library's call (Keras's fit, or the evaluate fit makes for validation, each
+        # calling a function named multi_step_on_iterator from the same line of the user's
+        # code) is told apart by the library functions that made it.
+        callers = library_callers(rec.lib_dirs)
+        if callers:
+            key += f" via {callers}"
     alias = ops.ALIAS_OPS.get(op_type, -1)
     resource = _resource(op_type, inputs) if alias == -1 else ""
     if resource and (op_type in STATE_READERS or ops.WRITER.match(op_type)):
@@ -218,6 +225,7 @@ def _pseudo_op(
     digestible: list[bool],
     note: str,
     resource: str = "",
+    attrs: dict[str, Any] | None = None,
 ) -> int:
     """The op id of a pseudo-op check() records after the step (made on its first use)."""
     op_id = rec.eager_sites.get(key)
@@ -236,6 +244,7 @@ def _pseudo_op(
             digestible=digestible,
             note=note,
             resource=resource,
+            attrs=attrs or {},
         )
     return op_id
 
@@ -299,6 +308,11 @@ def record_variables(rec: Any, variables: list[Any]) -> None:
                 [True],
                 "value of the variable after the step",
                 resource=key,
+                # The variable as the step's own ops name it: check() restores it before
+                # each run, which rules out state carried over (analysis._maybe_unordered).
+                attrs={"variable": ops.eager_identity(var.handle)}
+                if hasattr(var, "handle")
+                else None,
             )
             seq = rec.next_seq()
             ev = Event(seq, op_id, seq, [_digest(rec, value)], [], [list(value.shape)])

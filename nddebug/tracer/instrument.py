@@ -16,7 +16,13 @@ import threading
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED, SHAPE_ONLY_OPS, TF1_GRAPH, OpInfo
+from nddebug.recording import (
+    NOT_COMPARED,
+    RECORDED_BY_CALLER,
+    SHAPE_ONLY_OPS,
+    TF1_GRAPH,
+    OpInfo,
+)
 from nddebug.tracer import opaque, ops, rerun, rewrites, transport, undefined, unneeded
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
@@ -157,6 +163,7 @@ class Deferred:
         tensor: Any,
     ) -> None:
         self.op_type = op_type
+        self.key = key
         self.inputs = inputs  # the digests its record would hold as its inputs (folded)
         # The chain it stands for: the ops it covered, then itself (key -> op type).
         self.fused = {**fused, key: op_type}
@@ -169,6 +176,10 @@ class Deferred:
         self.done = False
         # A sum that read it recorded its inputs in its place: nothing else must record it.
         self.covered = False
+        self.op_id: int | None = None  # the op it records (set by instrument_op)
+        # Returned by a function that a call inlines into its caller: the caller records it
+        # (see finish_graph), where grappler rewrites it with its reader there.
+        self.to_caller = False
 
     def materialize(self) -> Any:
         """Make the record now; the output's digest tensor (None if unreadable)."""
@@ -271,17 +282,23 @@ def finish_graph(graph: Any) -> None:
     cache = REGISTRY.graph_cache(graph)
     pending = cache.pop(_PASSED, None) or []
     returned: dict[int, list[Any]] = {}  # Deferred -> the graph's outputs that return it
+    first = _CALLED in cache and _RETURNS not in cache  # a tf.function body, just traced
+    to_caller = first and _nested(graph)
     for t in getattr(graph, "outputs", None) or []:
         d = cache.get(getattr(t, "name", None))
         if isinstance(d, Deferred):
+            if to_caller and not (d.done or d.covered):
+                d.to_caller = True
             pending.append(d)
             returned.setdefault(id(d), []).append(t)
+    if first:
+        cache[_RETURNS] = True  # outputs added later (a gradient's) are recorded here
     if not pending:
         return
     control = getattr(graph, "control_outputs", None)
     with graph.as_default():
         for d in pending:
-            if d.done or d.covered:
+            if d.done or d.covered or d.to_caller:
                 continue
             d.materialize()
             sender = d.sender
@@ -297,6 +314,71 @@ def finish_graph(graph: Any) -> None:
                     # Identity waits for the record, as automatic control dependencies
                     # make it wait for the graph's other stateful ops.
                     t.op._add_control_input(sender)
+
+
+def untie_outputs(graph: Any) -> None:
+    """A function's outputs do not wait for nddebug's ops. Automatic control dependencies
+    make each returned value wait (through one NoOp) for every op the function must run,
+    nddebug's records and the trace switch's read among them; once grappler inlines a
+    nested function, those waits are control edges on the caller's readers of its results,
+    and grappler does not rewrite an op that has one (a nested function returning
+    ``tanh(h) * 1.1``, squared by the loss: the constants were not folded into one product
+    and a gradient differed by 1 ULP). The records still run: they stay the function's
+    control outputs, which a function call runs. Only a tf.function's body: a loop's
+    condition and a branch run their ops for the values they return."""
+    if _INLINED not in REGISTRY.graph_cache(graph):
+        return
+    for t in getattr(graph, "outputs", None) or []:
+        op = t.op
+        waits = [c for c in op.control_inputs if c.type == "NoOp" and not unneeded.ours(c)]
+        if not waits:
+            continue
+        for noop in waits:
+            before = noop.control_inputs
+            keep = [c for c in before if not unneeded.ours(c)]
+            if len(keep) != len(before):
+                noop._remove_all_control_inputs()
+                noop._add_control_inputs(keep)
+        empty = [c for c in waits if not c.control_inputs]
+        if empty:
+            keep = [c for c in op.control_inputs if c not in empty]
+            op._remove_all_control_inputs()
+            op._add_control_inputs(keep)
+
+
+#: Per-graph cache entries: the graph is a tf.function's body (its calls are inlined into the
+#: caller by grappler); it is that or a gradient's backward function (called the same way);
+#: which of its outputs the caller records was decided (finish_graph).
+_CALLED = "<tf.function body>"
+_INLINED = "<called function>"
+_RETURNS = "<returns decided>"
+#: The modules that trace a tf.function's body, and a gradient's backward function (their
+#: frames ask func_graph_from_py_func); not a branch's or a loop body's.
+_TRACES_FUNCTIONS = f"polymorphic_function{os.sep}tracing_compilation.py"
+_TRACES_GRADIENTS = f"polymorphic_function{os.sep}concrete_function.py"
+
+
+def _nested(graph: Any) -> bool:
+    """Whether ``graph`` was traced inside another function's graph (a call there will run
+    it), not at the top level (its calls then come from Python)."""
+    from tensorflow.python.framework import func_graph as func_graph_module
+
+    return isinstance(getattr(graph, "outer_graph", None), func_graph_module.FuncGraph)
+
+
+def returned_to_caller(name: Any, graph: Any) -> None:
+    """Remember which of the function ``name``'s outputs its callers record (see
+    :func:`finish_graph` and :func:`_from_calls`)."""
+    cache = REGISTRY.graph_digests.get(graph)
+    if not cache or _CALLED not in cache:
+        return
+    out: dict[int, Deferred] = {}
+    for k, t in enumerate(getattr(graph, "outputs", None) or []):
+        d = cache.get(getattr(t, "name", None))
+        if isinstance(d, Deferred) and d.to_caller and not d.done and d.op_id is not None:
+            out[k] = d
+    if out:
+        REGISTRY.returned_deferred[ops.as_str(name)] = out
 
 
 _hooked = False
@@ -322,10 +404,12 @@ def hook_graph_ends() -> None:
             with inside_nddebug():
                 finish_graph(graph)
                 unneeded.cut_unneeded_records(graph)
+                untie_outputs(graph)
 
     @functools.wraps(original)
     def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
-        data = _asked_by_data(sys._getframe(1))
+        caller = sys._getframe(1)
+        data = _asked_by_data(caller)
         given = kwargs.get("func_graph", args[5] if len(args) > 5 else None)
         if data and given is not None:
             # Its argument placeholders were made before this call, and asked already.
@@ -335,6 +419,14 @@ def hook_graph_ends() -> None:
             graph = original(*args, **kwargs)
         finally:
             _tracing.for_data -= data
+        tracer = caller.f_code.co_filename
+        if tracer.endswith((_TRACES_FUNCTIONS, _TRACES_GRADIENTS)) and REGISTRY.graph_digests.get(
+            graph
+        ):
+            cache = REGISTRY.graph_cache(graph)
+            cache[_INLINED] = True
+            if tracer.endswith(_TRACES_FUNCTIONS):
+                cache[_CALLED] = True
         finish(graph)
         return graph
 
@@ -353,6 +445,8 @@ def hook_graph_ends() -> None:
             note_function(graph, args[0] if args else kwargs.get("attrs"))
         finish(graph)
         _note_instrumented(name, graph)
+        _note_unused_arguments(name, graph)
+        returned_to_caller(name, graph)
         return make_function(name, graph, *args, **kwargs)
 
     atomic_function.from_func_graph = from_func_graph
@@ -368,6 +462,106 @@ def _note_instrumented(name: Any, graph: Any) -> None:
     cache = REGISTRY.graph_digests.get(graph)
     if cache and SEEN in cache and not in_xla(graph):
         REGISTRY.instrumented_functions.add(ops.as_str(name))
+
+
+def _note_unused_arguments(name: Any, graph: Any) -> None:
+    """Remember which of a function's arguments its body never reads (read only by ops that
+    nothing it returns or runs needs, which TensorFlow prunes): a call's record does not
+    digest them (see :func:`_call_inputs`)."""
+    inputs = getattr(graph, "inputs", None) or []
+    if not inputs or not hasattr(graph, "outputs"):
+        return
+    use = unneeded.needed(graph)
+    unused = frozenset(
+        i
+        for i, t in enumerate(inputs)
+        if not any(c in use and not unneeded.ours(c) for c in t.consumers())
+    )
+    if unused:
+        REGISTRY.unused_arguments[ops.as_str(name)] = unused
+
+
+def _called(attrs: Any) -> str:
+    """The name of the function a call op calls (its ``f``: an AttrValue holding a
+    NameAttrList, or the NameAttrList itself); "" if none."""
+    f = ops.attr(attrs, "f")
+    return ops.as_str(getattr(getattr(f, "func", f), "name", "")) if f is not None else ""
+
+
+def _from_calls(op_type: str, attrs: Any, outputs: list[Any]) -> dict[int, tuple[Any, Any]]:
+    """The outputs of a call whose function left them for its caller to record (see
+    :func:`finish_graph`): position -> (the output, the function's pending record of it)."""
+    if op_type not in _INLINED_CALLS:
+        return {}
+    returned = REGISTRY.returned_deferred.get(_called(attrs))
+    if not returned:
+        return {}
+    return {k: (outputs[k], d) for k, d in returned.items() if k < len(outputs)}
+
+
+def _defer_in_caller(
+    rec: Any, graph: Any, from_calls: dict[int, tuple[Any, Any]], in_digests: list[Any]
+) -> None:
+    """A value a nested function returns, which grappler may rewrite with its reader once it
+    inlines the call (a product, a sum, silu's ``x * sigmoid(x)``: ``data/rewrites.toml``),
+    becomes a pending record in the caller, as it would be in one graph: recorded when a
+    reader outside such a rewrite reads it, or folded into the reader's record (which then
+    holds the call's inputs) when they are rewritten together. Recorded inside the function,
+    or by the call, it had one reader more than in the plain program: a nested function
+    returning silu(h), squared by the loss, computed a gradient 1 ULP away."""
+    cache = REGISTRY.graph_cache(graph)
+    for t, inner in from_calls.values():
+        op_id = inner.op_id
+        info = REGISTRY.ops.get(op_id)
+        if info is not None and not info.note:
+            info.note = RECORDED_BY_CALLER
+
+        def emit(t: Any = t, op_id: int = op_id, key: str = inner.key) -> tuple[Any, Any]:
+            return _record_value(rec, graph, op_id, key, t, in_digests)
+
+        d = Deferred(inner.op_type, list(in_digests), emit, inner.key, inner.fused, inner.inside, t)
+        d.op_id = op_id
+        cache[t.name] = d
+        cache.setdefault(DEFERRED, {})[t.name] = d
+
+
+def _record_value(
+    rec: Any, graph: Any, op_id: int, key: str, tensor: Any, in_digests: list[Any]
+) -> tuple[Any, Any]:
+    """Make the record of op ``op_id`` (``key``) in ``graph`` from ``tensor``'s value, with
+    ``in_digests`` as its inputs: the record op, and the value's digest."""
+    cache = REGISTRY.graph_cache(graph)
+    cache.pop(tensor.name, None)
+    lib = _fused_lib(rec, graph, [tensor], 0)
+    readable_in = [d for d in in_digests if d is not None]
+    if lib is not None:
+        sender = _send_fused(lib, graph, op_id, [tensor], readable_in)
+        digest = cache.get(tensor.name)
+    else:
+        digest = digest_in_graph(graph, tensor)
+        sent = [_as_tensor(digest)] if digest is not None else []
+        kept = [tensor] if digest is not None and rec.capture and key in rec.capture else []
+        sender = transport.send(op_id, sent, [_as_tensor(d) for d in readable_in], kept)
+    _order_record(graph, sender, "")
+    return sender, digest
+
+
+def _call_inputs(op_type: str, attrs: Any, inputs: Any) -> Any:
+    """What a call's record digests: the arguments its function reads. A gradient passes its
+    forward call's intermediates to the backward function, which may not read them all (silu's
+    output, when its gradient recomputes from the input); grappler prunes such an argument
+    once it inlines the call, and then rewrites the producer with its one remaining reader
+    (oneDNN's _MklSwish, or a constant pushed down a product). A digest of it in the caller
+    was a reader the plain program does not have: an Adam step on a nested silu function
+    computed 1 ULP away from the plain one from its second call on. An argument the function
+    does not read cannot change what the call returns, so leaving it out of the source test
+    loses nothing."""
+    if op_type not in _INLINED_CALLS:
+        return inputs
+    unused = REGISTRY.unused_arguments.get(_called(attrs))
+    if not unused:
+        return inputs
+    return [t for i, t in enumerate(inputs) if i not in unused]
 
 
 _stateful_hooked = False
@@ -967,11 +1161,15 @@ def instrument_op(
             in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
         else:
             in_digests, per_input, fused_with, inside = _input_digests(
-                graph, "" if v1 else op_type, inputs, op.device or ""
+                graph, "" if v1 else op_type, _call_inputs(op_type, attrs, inputs), op.device or ""
             )
         rewritable = rewrites.may_fuse(op_type, op.device or "", inside)
         if not v1:  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, per_input, rewritable)
+        from_calls = _from_calls(op_type, attrs, out_tensors) if not k_rerun else {}
+        if from_calls:  # recorded where they are read (see _from_calls), not by the call
+            out_tensors = [t for i, t in enumerate(out_tensors) if i not in from_calls]
+            _defer_in_caller(rec, graph, from_calls, in_digests)
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         defer = (
             not v1
@@ -1004,6 +1202,7 @@ def instrument_op(
             elif dups:
                 payload += rerun.device_payload(t, again)
     state = ops.state_input(op_type, inputs)
+    callee = _called(attrs) if op_type in _INLINED_CALLS else ""
     op_id = REGISTRY.new_id()
     seen = REGISTRY.graph_keys.setdefault(graph, {})
     count = seen.get(base, 0)
@@ -1026,26 +1225,29 @@ def instrument_op(
         rerun=blocker,
         fused=fused_with,
         resource=variable_identity(graph, state) if state is not None else "",
+        # A call of another function: whether nddebug sees inside it (its inner ops explain
+        # what it returns) or not (then it is judged as an opaque call), as for eager calls.
+        function=opaque.function_kind(callee) if callee else "",
     )
+    if info.function in ("uninstrumented", "xla"):
+        # What can be said of it without seeing it run (a random op inside), as for an
+        # eager call of such a function.
+        info.attrs["ops_inside"] = list(opaque.ops_inside(callee))
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info
         if payload:
             REGISTRY.reruns[op_id] = (copies, host)
-    if op_type in ("StatefulPartitionedCall", "PartitionedCall"):
-        f = ops.attr(attrs, "f")
-        # An AttrValue holding a NameAttrList (func), or the NameAttrList itself.
-        fname = ops.as_str(getattr(getattr(f, "func", f), "name", "")) if f is not None else ""
+    if info.function == "uninstrumented":
         # A call to an XLA function (traced in the block or not) is said once for all by the
         # recording's XLA warning; a call TensorFlow added without op callbacks is caught up.
-        if fname and opaque.function_kind(fname) == "uninstrumented":
-            writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs)
-            ops.warn_once(
-                rec.recording,
-                (NOT_COMPARED if writes else "")
-                + f"graph {graph.name} calls function {fname}, traced before nddebug.trace(): "
-                "its inner ops are not recorded, only its outputs"
-                + (", and the variables it captures are not compared." if writes else "."),
-            )
+        writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs)
+        ops.warn_once(
+            rec.recording,
+            (NOT_COMPARED if writes else "")
+            + f"graph {graph.name} calls function {callee}, traced before nddebug.trace(): "
+            "its inner ops are not recorded, only its outputs"
+            + (", and the variables it captures are not compared." if writes else "."),
+        )
     if not readable_out and not readable_in and not payload:
         return None
 
@@ -1073,6 +1275,7 @@ def instrument_op(
     if defer and not payload:
         # Recorded once an op it does not fuse with reads it (see Deferred).
         deferred = Deferred(op_type, in_digests, emit, key, fused_with, inside, out_tensors[0])
+        deferred.op_id = op_id
         cache = REGISTRY.graph_cache(graph)
         cache[out_tensors[0].name] = deferred
         cache.setdefault(DEFERRED, {})[out_tensors[0].name] = deferred

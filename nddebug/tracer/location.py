@@ -142,3 +142,33 @@ def eager_location(lib_dirs: tuple[str, ...]) -> tuple[str, str]:
             )
         frame = frame.f_back
     return "", ""
+
+
+def library_callers(lib_dirs: tuple[str, ...]) -> str:
+    """The library functions between the user's code and a function call it led to, outermost
+    first (``"TensorFlowTrainer.fit > TensorFlowTrainer.evaluate > ..."``), without
+    TensorFlow's and nddebug's own frames; "" when the user's code made the call itself.
+    Keras's train and test functions are both ``multi_step_on_iterator``, called from one line
+    of the user's code (``model.fit``): only this tells a validation call from a step."""
+    names: list[str] = []
+    skip = _not_library()
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename, lib_dirs):
+            break
+        if not code.co_filename.startswith(skip):
+            names.append(getattr(code, "co_qualname", code.co_name))
+        frame = frame.f_back
+    return " > ".join(reversed(names))
+
+
+@functools.cache
+def _not_library() -> tuple[str, ...]:
+    """Frames that are not a library's calling code: TensorFlow's own, nddebug's, the
+    stdlib's (threading, contextlib), and code with no file."""
+    dirs = [_PACKAGE_DIR, sysconfig.get_paths()["stdlib"]]
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and getattr(tf, "__file__", None):
+        dirs.append(os.path.dirname(os.path.abspath(tf.__file__)))
+    return (*(d + os.sep for d in dirs), "<")

@@ -14,6 +14,7 @@ from nddebug import native
 from nddebug.errors import TraceError
 from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, OpInfo, Recording
 from nddebug.tracer import calls, eager, instrument, opaque, ops, rerun, session, transport
+from nddebug.tracer.fairlock import FairRLock
 from nddebug.tracer.location import library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 from nddebug.tracer.steps import StepFolder
@@ -71,9 +72,10 @@ class Recorder:
         self.stream: Any = None
         # Held while an instrumented call runs, so another thread's call is never in flight
         # with one of this block's: its rows can then be told apart and dropped.
-        self.call_lock = threading.RLock()
+        self.call_lock = FairRLock()  # first come, first served (see tracer.fairlock)
         self.discarding = False  # pure-TF path: rows arriving now are another thread's
         self._held = 0  # calls of this thread whose rows are not drained yet (own_call)
+        self._drains = 0  # eager callbacks of this block's thread so far (own_call)
         self.stopped = False  # set under call_lock once the block no longer records
 
     def next_seq(self) -> int:
@@ -92,11 +94,19 @@ class Recorder:
         if not self.call_lock.acquire(timeout=5.0):
             ops.warn_once(self.recording, _MIXED)
             return call()
+        drained = self._drains
         try:
             out = call()
         except BaseException:
             self.call_lock.release()
             raise
+        if self._drains != drained:
+            # The call's eager callback ran inside it (TensorFlow calls op callbacks from
+            # its execute): its rows are in. Held on until this thread's next op instead,
+            # the lock kept other threads' calls out for the whole of a loop of calls, and
+            # a thread the block's thread then waited for (join) ran its call unguarded.
+            self.call_lock.release()
+            return out
         # Kept until the call's eager callback has drained its rows (release_call): the
         # last rows can reach the buffer just after the call returns, and another thread's
         # call must not start, and have them dropped with its own, before that.
@@ -248,6 +258,7 @@ class Recorder:
                     # A function call's graph events are in the buffer now (its eager
                     # callback runs after it returns): they get their seq before it does.
                     self.drain()
+                    self._drains += 1
                     self.release_call()
                     eager.on_eager(self, op_type, inputs or (), attrs, outputs or ())
                 elif instrument.is_v1_graph(graph):
@@ -282,7 +293,13 @@ class Recorder:
                     self.steps.held = True  # one step with the call under way
                 else:
                     self.steps.end_step(self)
-            if call_device is not None and self.stream is not None:
+            if self.stream is not None and (
+                call_device is not None or not (self.pending or calls.inside_function_call())
+            ):
+                # After a call; or after an eager op outside any call's execution (a block
+                # of eager ops only is streamed too: nothing of it is lost if the process
+                # dies). Inside a call (a py_function's ops) the call's own events are not
+                # all in yet, and a chunk holds whole calls.
                 self._stream_out()
 
     def end_outer_call(self) -> None:

@@ -23,6 +23,12 @@ class OpRegistry:
         self.ops: dict[int, OpInfo] = {}
         self._ids = itertools.count()
         self.instrumented_functions: set[str] = set()
+        # Function name -> the positions of the arguments its body never reads (see
+        # instrument.unused_arguments).
+        self.unused_arguments: dict[str, frozenset[int]] = {}
+        # Function name -> its outputs (by position) that its callers record: values grappler
+        # may rewrite with their reader in the caller (instrument.finish_graph).
+        self.returned_deferred: dict[str, dict[int, Any]] = {}
         self.xla_graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # seen, not instrumented
         # Names of graphs compiled by XLA (traced in an XLA context, or made into a function
         # with _XlaMustCompile): their backward graphs, "__backward_<name>_<uid>", are too.

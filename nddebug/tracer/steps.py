@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from nddebug.recording import Event, OpInfo
+from nddebug.recording import Event, OpInfo, step_callee
 
 STEP_OP = "Step"
+SESSION_RUN = "Session.run"  # the pseudo-op of a TF1 Session.run (a top-level call)
 STEP_KEY = "step"
 _MASK = (1 << 64) - 1
 
@@ -52,7 +53,7 @@ class StepFolder:
         # ends when that outer call returns (:func:`end_outer_call`).
         self.held = False
         self.start = 0  # index in recording.events where the current step began
-        self.op_id: int | None = None
+        self.op_ids: dict[str, int] = {}  # callee -> its Step pseudo-op (see _step_op)
 
     @property
     def active(self) -> bool:
@@ -82,22 +83,31 @@ class StepFolder:
             return
         total, count = 0, 0
         ops = recorder.recording.ops
+        callee = ""
         for ev in mine:
             op = ops.get(ev.op_id)
             total = (total + _hash(op.key if op is not None else str(ev.op_id), ev.digests)) & _MASK
             count += 1
+            if op is not None and ev.call == ev.seq and (op.function or op.op_type == SESSION_RUN):
+                callee = step_callee(op)  # the call that ends the step comes last
         seq = recorder.next_seq()
-        events.append(Event(seq, self._step_op(recorder), seq, [(_signed(total), count)], []))
+        step_op = self._step_op(recorder, callee)
+        events.append(Event(seq, step_op, seq, [(_signed(total), count)], []))
         self.start = len(events)
 
-    def _step_op(self, recorder: Any) -> int:
-        if self.op_id is None:
+    def _step_op(self, recorder: Any, callee: str) -> int:
+        """The pseudo-op of the steps that a call of ``callee`` ends: one per function, so
+        that steps are counted as the calls of the function called most often, as for a
+        block recorded in full (Keras's evaluation calls between training steps are not
+        steps)."""
+        op_id = self.op_ids.get(callee)
+        if op_id is None:
             from nddebug.tracer.registry import REGISTRY
 
-            self.op_id = REGISTRY.new_id()
-            recorder.recording.ops[self.op_id] = OpInfo(
-                op_id=self.op_id,
-                key=STEP_KEY,
+            op_id = self.op_ids[callee] = REGISTRY.new_id()
+            recorder.recording.ops[op_id] = OpInfo(
+                op_id=op_id,
+                key=f"{STEP_KEY}:{callee}" if callee else STEP_KEY,
                 op_type=STEP_OP,
                 op_name="all op executions of one step",
                 graph="",
@@ -108,8 +118,9 @@ class StepFolder:
                 digestible=[True],
                 note="per-step digest (trace(detail='steps')): record the step in full to "
                 "name its ops",
+                attrs={"callee": callee} if callee else {},
             )
-        return self.op_id
+        return op_id
 
 
 def _signed(x: int) -> int:

@@ -2,12 +2,12 @@
 
 A block given a path keeps its op executions in memory as any block does until they reach a
 chunk (:data:`nddebug.storage.CHUNK_EVENTS`). From then on, each time a top-level call ends
-with a chunk's worth held, they are appended to the file as one chunk
-(:class:`nddebug.storage.RunWriter`) and dropped from memory; the block's end appends the
-rest and closes the run. A process that dies meanwhile leaves the chunks so far, readable as
-an interrupted run. The block's Recording then holds no events (``streamed_to`` says where
-they are; ``Recording.whole()`` reads them back). A short block never streams: it is saved
-when it ends, as before.
+(or an eager op runs outside a call) with a chunk's worth held, they are appended to the
+file as one chunk (:class:`nddebug.storage.RunWriter`) and dropped from memory; the block's
+end appends the rest and closes the run. A process that dies meanwhile leaves the chunks so
+far, readable as an interrupted run. The block's Recording then holds no events
+(``streamed_to`` says where they are; ``Recording.whole()`` reads them back). A short block
+never streams: it is saved when it ends, as before.
 
 If the file cannot be written when a chunk is due, nothing is lost: the block goes on in
 memory and its end writes the rest (or reports why it cannot) as a short block's save does.
