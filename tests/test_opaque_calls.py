@@ -225,3 +225,27 @@ def test_a_loaded_function_that_differs_inside_is_named_as_unseen_not_python_sid
     assert source.op.op_type == "StatefulPartitionedCall" and source.kind == "random", str(report)
     assert "entered TensorFlow" not in source.explanation, str(report)
     assert "inner ops are not recorded" in str(report)
+
+
+def test_a_nested_xla_function_traced_before_the_check_is_said_in_every_run() -> None:
+    """A jit_compile function traced before check(), called inside the checked step: the
+    runs gave no XLA warning at all (it was made only for XLA functions traced in the
+    block), so nothing said that the ops inside it were not compared."""
+    from nddebug.recording import XLA_NOTE
+
+    w = tf.Variable(tf.ones([4, 4]))
+
+    @tf.function(jit_compile=True)
+    def compiled(h):
+        return tf.tanh(h) * 2.0
+
+    x = tf.ones([2, 4])
+    compiled(x @ w)  # traced before
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(compiled(x @ w))
+
+    report = nddebug.check(step, x, repeats=2, state=w)
+    assert report.ok
+    assert any(w.endswith(XLA_NOTE) and "compiled" in w for w in report.warnings), report.warnings

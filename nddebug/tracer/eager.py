@@ -119,6 +119,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     before = rec.pre_call.pop(op_type) if function in OPAQUE else None
     for spot in REGISTRY.blind_spots.get(op_type, []) if function == "instrumented" else []:
         ops.warn_once(rec.recording, spot)
+    if function == "instrumented":
+        rec.xla_functions.update(REGISTRY.xla_called.get(op_type, ()))
     if variables:
         # What the call can have changed: its variables after it, compared like outputs;
         # their values before it (read by the pre-call hook) count among its inputs.

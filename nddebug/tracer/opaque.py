@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED
+from nddebug.recording import NOT_COMPARED, XLA_NOTE
 from nddebug.tracer import memory_rewrite, ops
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
@@ -150,6 +150,29 @@ def variable_names(handles: list[Any]) -> list[str]:
         if id(obj) in keras_paths and isinstance(obj, resource_variable_ops.BaseResourceVariable):
             names[id(obj.handle)] = keras_paths[id(obj)]
     return [names.get(id(h), f"captured variable {i}") for i, h in enumerate(handles)]
+
+
+def xla_warning(functions: set[str]) -> str:
+    """One warning for every XLA-compiled function of a run, however many branches they have."""
+    names = sorted({ops.function_name(n) for n in functions})
+    nested = sum(len(REGISTRY.xla_nested.get(n, ())) for n in names)
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    inner = f" ({nested} of them branches, loop bodies or gradients of the others)"
+    inner = inner if nested else ""
+    return f"{len(names) + nested} XLA-compiled function(s){inner}: {shown}. {XLA_NOTE}"
+
+
+def xla_called(graph: Any) -> set[str]:
+    """The XLA-compiled functions an instrumented function's graph calls (traced before the
+    block, or elsewhere): each run that calls it names them in its one XLA warning, as it
+    names those traced in the block."""
+    names = set()
+    for op in graph.get_operations():
+        if op.type in ("StatefulPartitionedCall", "PartitionedCall"):
+            name = ops.as_str(op.get_attr("f").name)
+            if function_kind(name) == "xla":
+                names.add(name)
+    return names
 
 
 def blind_spots(graph: Any) -> list[str]:

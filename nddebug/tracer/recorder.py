@@ -12,7 +12,7 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
-from nddebug.recording import NOT_COMPARED, XLA_NOTE, Event, OpInfo, Recording
+from nddebug.recording import NOT_COMPARED, Event, OpInfo, Recording
 from nddebug.tracer import calls, eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.fairlock import FairRLock
 from nddebug.tracer.location import library_dirs
@@ -221,7 +221,7 @@ class Recorder:
             self.steps.finish(self)
         self.eager_digests.clear()
         if self.xla_functions:
-            ops.warn_once(self.recording, xla_warning(self.xla_functions))
+            ops.warn_once(self.recording, opaque.xla_warning(self.xla_functions))
 
     def _on_function(self, function: Any) -> None:
         name = ops.as_str(function.name)
@@ -233,6 +233,9 @@ class Recorder:
             spots = opaque.blind_spots(graph) if graph is not None else []
             if spots:
                 REGISTRY.blind_spots[name] = spots
+            xla = opaque.xla_called(graph) if graph is not None else set()
+            if xla:
+                REGISTRY.xla_called[name] = xla
 
     # ------------------------------------------------------------------ callback
     def callback(
@@ -418,13 +421,3 @@ _MIXED = (
 
 def _rows(x: np.ndarray | list[list[int]]) -> list[list[int]]:
     return x.tolist() if isinstance(x, np.ndarray) else x
-
-
-def xla_warning(functions: set[str]) -> str:
-    """One warning for every XLA-compiled function of a run, however many branches they have."""
-    names = sorted({ops.function_name(n) for n in functions})
-    nested = sum(len(REGISTRY.xla_nested.get(n, ())) for n in names)
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    inner = f" ({nested} of them branches, loop bodies or gradients of the others)"
-    inner = inner if nested else ""
-    return f"{len(names) + nested} XLA-compiled function(s){inner}: {shown}. {XLA_NOTE}"

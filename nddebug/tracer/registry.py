@@ -39,6 +39,8 @@ class OpRegistry:
         # Instrumented function -> what it cannot compare (NOT_COMPARED warnings), said again
         # in every run that calls it.
         self.blind_spots: dict[str, list[str]] = {}
+        # Instrumented function -> the XLA-compiled functions it calls (opaque.xla_called).
+        self.xla_called: dict[str, set[str]] = {}
         # per graph: output tensor (by name) -> digest tensor [2] (or None if unreadable)
         self.graph_digests: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
             weakref.WeakKeyDictionary()
