@@ -869,7 +869,18 @@ def _explain(f: OpFinding, device: str = "") -> None:
             "earlier untraced update changed it"
         )
         return
-    if f.culprit is not None:
+    here = knowledge.device_kind(device)
+    if f.culprit is not None and here and not on_its_device and f.culprit.kind == "numerical":
+        # Known on another device only: its mechanism (a GPU kernel's atomics) is not what
+        # happened here, and the table's measurement on this device says it did not differ.
+        f.kind = "numerical"
+        f.explanation = (
+            f"same inputs, different output on the {here}: a new finding. The known "
+            f"non-determinism of this op is on the {f.culprit.device}"
+            + (f" (measured here: {f.culprit.measured})" if f.culprit.measured else "")
+            + f"; there: {f.culprit.mechanism}"
+        )
+    elif f.culprit is not None:
         f.kind = f.culprit.kind
         f.explanation = f.culprit.mechanism
     elif any(h in op.op_type for h in _RANDOM_HINTS) or "seed" in op.attrs:

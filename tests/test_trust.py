@@ -1130,3 +1130,25 @@ def test_a_nested_call_is_not_a_source_when_a_variable_it_reads_was_changed_outs
     assert report.first_divergence.step == 4 and report.first_divergence.role == "source"
     calls = report.culprits[report.culprits["op_type"] == "StatefulPartitionedCall"]
     assert set(calls["role"]) <= {"propagated"}
+
+
+def test_a_gpu_culprit_that_differs_on_the_cpu_is_not_explained_by_the_gpu_kernel() -> None:
+    """BiasAddGrad differing on the CPU (seen across processes in a TimeDistributed model)
+    was explained as "The GPU kernel reduces the bias gradient ... with CUDA atomicAdd": the
+    known mechanism is the GPU's, and on the CPU the table measured it deterministic."""
+    from nddebug.analysis import OpFinding, _explain
+    from nddebug.recording import OpInfo
+
+    def explained(device: str) -> OpFinding:
+        op = OpInfo(0, "g/BiasAddGrad", "BiasAddGrad", "BiasAddGrad", "g", device, "", [], [], [])
+        f = OpFinding(op.key, op, "source", "", 0, 1, 2, 1, 1)
+        _explain(f)
+        return f
+
+    on_cpu = explained("/job:localhost/replica:0/task:0/device:CPU:0")
+    assert on_cpu.kind == "numerical" and "new finding" in on_cpu.explanation
+    assert not on_cpu.explanation.startswith("The GPU kernel")
+    assert "on the GPU" in on_cpu.explanation
+    on_gpu = explained("/job:localhost/replica:0/task:0/device:GPU:0")
+    assert on_gpu.explanation.startswith("The GPU kernel")  # the known mechanism, as before
+    assert "atomicAdd" in on_gpu.explanation
