@@ -30,6 +30,7 @@ from nddebug.recording import (
     STATE_FILLERS,
     STATE_READERS,
     TF1_GRAPH,
+    UPDATE_NOTE,
     XLA_NOTE,
     Event,
     OpInfo,
@@ -732,10 +733,6 @@ def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:
         "which nddebug does not see into: the difference arose there, from the data the "
         "loop was given (its order: an unseeded shuffle) or from an op inside its body"
     )
-
-
-#: What an update op's record holds (OpInfo.note): the variable's value after it.
-UPDATE_NOTE = "value of the variable after this update"
 
 
 def _updates_per_graph(recordings: list[Recording]) -> Counter[tuple[str, str]]:

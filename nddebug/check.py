@@ -137,23 +137,18 @@ MAX_CAPTURES = 6
 
 
 def _not_yet_measured(sources: set[str], captures: list[Recording]) -> set[str]:
-    """The sources whose captured values are the same in every capture run so far: how far
-    apart they are is not known yet."""
+    """The sources whose captured values the report could not measure yet (the same in every
+    capture run so far), by the rule the report's magnitudes use (quantify.measure)."""
+    from nddebug import quantify
     from nddebug.analysis import unit_values
 
-    differing = {
-        unit[1]
-        for (unit, _slot), arrays in unit_values(captures).items()
-        if unit[1] in sources and any(not _same_bits(arrays[0], a) for a in arrays[1:])
-    }
-    return sources - differing
-
-
-def _same_bits(a: Any, b: Any) -> bool:
-    import numpy as np
-
-    a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    measured = set()
+    for (unit, _slot), arrays in unit_values(captures).items():
+        if unit[1] in sources and unit[1] not in measured:
+            d = quantify.measure(arrays)
+            if d is not None and d.frac_differing > 0:
+                measured.add(unit[1])
+    return sources - measured
 
 
 def check(

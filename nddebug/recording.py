@@ -26,6 +26,8 @@ CALL_OPS = {
     "StatelessCase",
 }
 
+#: OpInfo.note of a variable update's record: what it holds is the variable's value after it.
+UPDATE_NOTE = "value of the variable after this update"
 #: OpInfo.note of an op whose value a nested function returned and its caller recorded (where
 #: grappler rewrites it with its reader there): its record's inputs are the call's inputs, so,
 #: like a call, it is not a source when an op inside the function is.
@@ -98,7 +100,7 @@ class OpInfo:
     digestible: list[bool]  # per output: False for resource/variant and undefined outputs
     stateful: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)  # e.g. {"seed": 0, "seed2": 0}
-    note: str = ""  # e.g. "value of the variable after this update"
+    note: str = ""  # e.g. UPDATE_NOTE
     # The state an op reads or writes through a resource handle: a variable (ReadVariableOp,
     # updates, ResourceGather), a lookup table, a queue, an iterator, a random generator.
     resource: str = ""

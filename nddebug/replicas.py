@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nddebug.errors import NotComparableError
-from nddebug.recording import Event, OpInfo, Recording
+from nddebug.recording import UPDATE_NOTE, Event, OpInfo, Recording
 
 __all__ = [
     "COLLECTIVE_OP_TYPES",
@@ -55,7 +55,6 @@ COLLECTIVE_OP_TYPES = frozenset(
         "NcclReduce",
     }
 )
-UPDATE_NOTE = "value of the variable after this update"
 _REPLICA = re.compile(r"(?:^|/)replica_(\d+)(?=/|$)")
 _NUMBERS = re.compile(r"(\d+)")
 

@@ -1013,7 +1013,8 @@ def test_an_update_racing_with_others_is_not_blamed_on_unrestored_state() -> Non
     with other updates of that variable in the graph and the variable restored by check(),
     the reason is their order (eight unordered float updates of one variable, each through
     an IdentityN of its handle, were explained as "state was not restored")."""
-    from nddebug.analysis import UPDATE_NOTE, OpFinding, _maybe_unordered
+    from nddebug.analysis import OpFinding, _maybe_unordered
+    from nddebug.recording import UPDATE_NOTE
 
     v = tf.Variable(1.0)
 

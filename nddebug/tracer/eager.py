@@ -13,7 +13,7 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug import native
-from nddebug.recording import NOT_COMPARED, OPAQUE, STATE_READERS, Event, OpInfo
+from nddebug.recording import NOT_COMPARED, OPAQUE, STATE_READERS, UPDATE_NOTE, Event, OpInfo
 from nddebug.tracer import opaque, ops, rerun, undefined
 from nddebug.tracer.location import eager_location, library_callers
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
@@ -142,7 +142,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             value = read_variable(inputs[0], ops.dtype_attr(attrs))
         if value is not None:
             out_tensors = [value]
-            note = "value of the variable after this update"
+            note = UPDATE_NOTE
     if not out_tensors and not in_digests and not function:
         return  # a function call is kept: the graph rows it delivered are its step's
     after_write = bool(note)  # the output is a variable's value after this op wrote it

@@ -21,6 +21,7 @@ from nddebug.recording import (
     RECORDED_BY_CALLER,
     SHAPE_ONLY_OPS,
     TF1_GRAPH,
+    UPDATE_NOTE,
     OpInfo,
 )
 from nddebug.tracer import opaque, ops, rerun, rewrites, transport, undefined, unneeded
@@ -399,12 +400,15 @@ def hook_graph_ends() -> None:
 
     original = func_graph_module.func_graph_from_py_func
 
-    def finish(graph: Any) -> None:
-        if REGISTRY.graph_digests.get(graph):
-            with inside_nddebug():
-                finish_graph(graph)
-                unneeded.cut_unneeded_records(graph)
-                untie_outputs(graph)
+    def finish(graph: Any) -> set[Any] | None:
+        """Complete an instrumented graph; the ops its program needs (None: not computed)."""
+        if not REGISTRY.graph_digests.get(graph):
+            return None
+        with inside_nddebug():
+            finish_graph(graph)
+            use = unneeded.cut_unneeded_records(graph)
+            untie_outputs(graph)
+        return use
 
     @functools.wraps(original)
     def func_graph_from_py_func(*args: Any, **kwargs: Any) -> Any:
@@ -443,9 +447,9 @@ def hook_graph_ends() -> None:
     def from_func_graph(name: Any, graph: Any, *args: Any, **kwargs: Any) -> Any:
         with inside_nddebug():
             note_function(graph, args[0] if args else kwargs.get("attrs"))
-        finish(graph)
+        use = finish(graph)
         _note_instrumented(name, graph)
-        _note_unused_arguments(name, graph)
+        _note_unused_arguments(name, graph, use)
         returned_to_caller(name, graph)
         return make_function(name, graph, *args, **kwargs)
 
@@ -464,14 +468,15 @@ def _note_instrumented(name: Any, graph: Any) -> None:
         REGISTRY.instrumented_functions.add(ops.as_str(name))
 
 
-def _note_unused_arguments(name: Any, graph: Any) -> None:
+def _note_unused_arguments(name: Any, graph: Any, use: set[Any] | None) -> None:
     """Remember which of a function's arguments its body never reads (read only by ops that
     nothing it returns or runs needs, which TensorFlow prunes): a call's record does not
-    digest them (see :func:`_call_inputs`)."""
+    digest them (see :func:`_call_inputs`). ``use``: the ops the program needs, if known."""
     inputs = getattr(graph, "inputs", None) or []
     if not inputs or not hasattr(graph, "outputs"):
         return
-    use = unneeded.needed(graph)
+    if use is None:
+        use = unneeded.needed(graph)
     unused = frozenset(
         i
         for i, t in enumerate(inputs)
@@ -488,12 +493,10 @@ def _called(attrs: Any) -> str:
     return ops.as_str(getattr(getattr(f, "func", f), "name", "")) if f is not None else ""
 
 
-def _from_calls(op_type: str, attrs: Any, outputs: list[Any]) -> dict[int, tuple[Any, Any]]:
+def _from_calls(callee: str, outputs: list[Any]) -> dict[int, tuple[Any, Any]]:
     """The outputs of a call whose function left them for its caller to record (see
     :func:`finish_graph`): position -> (the output, the function's pending record of it)."""
-    if op_type not in _INLINED_CALLS:
-        return {}
-    returned = REGISTRY.returned_deferred.get(_called(attrs))
+    returned = REGISTRY.returned_deferred.get(callee) if callee else None
     if not returned:
         return {}
     return {k: (outputs[k], d) for k, d in returned.items() if k < len(outputs)}
@@ -546,7 +549,7 @@ def _record_value(
     return sender, digest
 
 
-def _call_inputs(op_type: str, attrs: Any, inputs: Any) -> Any:
+def _call_inputs(callee: str, inputs: Any) -> Any:
     """What a call's record digests: the arguments its function reads. A gradient passes its
     forward call's intermediates to the backward function, which may not read them all (silu's
     output, when its gradient recomputes from the input); grappler prunes such an argument
@@ -556,9 +559,7 @@ def _call_inputs(op_type: str, attrs: Any, inputs: Any) -> Any:
     computed 1 ULP away from the plain one from its second call on. An argument the function
     does not read cannot change what the call returns, so leaving it out of the source test
     loses nothing."""
-    if op_type not in _INLINED_CALLS:
-        return inputs
-    unused = REGISTRY.unused_arguments.get(_called(attrs))
+    unused = REGISTRY.unused_arguments.get(callee) if callee else None
     if not unused:
         return inputs
     return [t for i, t in enumerate(inputs) if i not in unused]
@@ -1106,6 +1107,7 @@ def instrument_op(
                     by_name[out.name] = by_name[src.name]
         return None
     op = outputs[0].op if outputs else None
+    callee = _called(attrs) if op_type in _INLINED_CALLS else ""  # the function it calls
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
         # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
         op = graph.get_operation_by_name(op_name)
@@ -1116,7 +1118,7 @@ def instrument_op(
     written = ops.written_value(op_type, inputs) if not out_tensors else None
     if written is not None:
         out_tensors = [written]  # digested already as the input: no read-back, no new digest
-        note = "value of the variable after this update"
+        note = UPDATE_NOTE
     elif not out_tensors and ops.WRITER.match(op_type) and inputs:
         dtype = ops.dtype_attr(attrs)
         if dtype is not None:
@@ -1132,7 +1134,7 @@ def instrument_op(
                 with tf.control_dependencies([op]), tf.name_scope("nddebug"):
                     value = gen_resource_variable_ops.read_variable_op(inputs[0], dtype)
             out_tensors = [value]
-            note = "value of the variable after this update"
+            note = UPDATE_NOTE
     after_write = bool(note)  # the outputs are a variable's value after this op wrote it
     if out_tensors and not after_write:
         at, why = undefined.undefined_outputs(op_type, attrs)
@@ -1161,12 +1163,12 @@ def instrument_op(
             in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
         else:
             in_digests, per_input, fused_with, inside = _input_digests(
-                graph, "" if v1 else op_type, _call_inputs(op_type, attrs, inputs), op.device or ""
+                graph, "" if v1 else op_type, _call_inputs(callee, inputs), op.device or ""
             )
         rewritable = rewrites.may_fuse(op_type, op.device or "", inside)
         if not v1:  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, per_input, rewritable)
-        from_calls = _from_calls(op_type, attrs, out_tensors) if not k_rerun else {}
+        from_calls = _from_calls(callee, out_tensors) if not k_rerun else {}
         if from_calls:  # recorded where they are read (see _from_calls), not by the call
             out_tensors = [t for i, t in enumerate(out_tensors) if i not in from_calls]
             _defer_in_caller(rec, graph, from_calls, in_digests)
@@ -1202,7 +1204,6 @@ def instrument_op(
             elif dups:
                 payload += rerun.device_payload(t, again)
     state = ops.state_input(op_type, inputs)
-    callee = _called(attrs) if op_type in _INLINED_CALLS else ""
     op_id = REGISTRY.new_id()
     seen = REGISTRY.graph_keys.setdefault(graph, {})
     count = seen.get(base, 0)

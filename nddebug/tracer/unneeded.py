@@ -95,14 +95,15 @@ def _fused_after_pruning(graph: Any, use: set[Any]) -> set[Any]:
     return found
 
 
-def cut_unneeded_records(graph: Any) -> None:
+def cut_unneeded_records(graph: Any) -> set[Any] | None:
     """Take nddebug's ops that read an unneeded op out of what ``graph`` must run (its
     control outputs and other ops' control inputs), and put back those cut earlier that are
     needed now. A record waiting for a cut one (a variable's rows in order) waits for what
-    that one waited for."""
+    that one waited for. Returns the ops the program needs (:func:`needed`), None for a
+    graph that is not a function's."""
     control = getattr(graph, "control_outputs", None)
     if control is None or not hasattr(graph, "outputs"):
-        return
+        return None
     graph_ops = graph.get_operations()
     use = needed(graph)
     dead = _reads_unneeded(graph_ops, use) | _fused_after_pruning(graph, use)
@@ -113,7 +114,7 @@ def cut_unneeded_records(graph: Any) -> None:
             control.append(op)  # needed again (a gradient made its op an output)
     cut[:] = [op for op in cut if op in dead]
     if not dead:
-        return
+        return use
     cut.extend(op for op in control if op in dead and op not in cut)
     control[:] = [op for op in control if op not in dead]
 
@@ -132,3 +133,4 @@ def cut_unneeded_records(graph: Any) -> None:
             keep.extend(x for x in instead(c) if x not in keep)
         op._remove_all_control_inputs()
         op._add_control_inputs(keep)
+    return use
