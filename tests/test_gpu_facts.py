@@ -35,14 +35,21 @@ def _on_gpu(report: nddebug.Report) -> None:
     assert all("GPU" in d.upper() for d in devices), devices
 
 
-def test_the_seed000_cnn_diverges_in_bias_add_grad_and_conv2d_backprop_filter() -> None:
+def test_the_seed000_cnn_diverges_in_bias_add_grad_and_names_quiet_conv_gradients() -> None:
     report = cnn_report()
     assert not report.ok
     sources = _sources(report)
-    # The H100 showed these two; cuDNN may pick a non-deterministic input-gradient algorithm
-    # for other shapes or GPUs (the CPU emulation predicts it), so it is allowed, not required.
-    assert {"BiasAddGrad", "Conv2DBackpropFilter"} <= sources, str(report)
+    # BiasAddGrad's atomics diverge on every GPU measured. Whether the convolution gradients
+    # do depends on the algorithm cuDNN picks on that machine: one H100 (2026-11-22) gave
+    # Conv2DBackpropFilter 5,568 ULP apart, another (2026-11-27, same driver) picked a
+    # deterministic one (a plain step's kernel gradients: 1 distinct in 20 calls, its bias
+    # gradients 20 in 20). Where a convolution gradient was no source, the report must say
+    # that it ran without diverging, next to the verdict.
+    assert "BiasAddGrad" in sources, str(report)
     assert sources <= {"BiasAddGrad", "Conv2DBackpropFilter", "Conv2DBackpropInput"}, str(report)
+    if "Conv2DBackpropFilter" not in sources:
+        quiet = [n for n in report.verdict_notes if n.startswith("no difference seen")]
+        assert quiet and "Conv2DBackpropFilter" in quiet[0], str(report)
     _on_gpu(report)
     # Atomic-add reordering: rounding-sized against the gradients' own scale.
     rel = report.sources["rel_diff"].dropna()
