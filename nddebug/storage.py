@@ -149,6 +149,20 @@ _VERSION_TABLES = {
     for v, statements in _VERSION_STATEMENTS.items()
 }
 _DATA_TABLES = ("runs", "ops", "events", "reruns", "captured", "chunks")
+#: What SQLite raises for a file it cannot read as a database. Python raises UnicodeDecodeError
+#: instead of the DatabaseError when SQLite's message quotes a damaged page's bytes that are
+#: not UTF-8 (a schema name, in "malformed database schema (...)"): damage all the same.
+DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
+#: Any SQLite failure, damage included.
+SQLITE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
+
+def _why(exc: BaseException) -> str:
+    """An SQLite failure in words (a UnicodeDecodeError: see DAMAGED)."""
+    if isinstance(exc, UnicodeDecodeError):
+        byte = exc.object[exc.start]
+        return f"damaged bytes where SQLite keeps text: byte 0x{byte:02x} is not UTF-8"
+    return str(exc)
 
 
 def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connection:
@@ -165,8 +179,8 @@ def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connecti
         con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, check_same_thread=not threads)
         con.execute("PRAGMA foreign_keys = ON")
         return con
-    except sqlite3.Error as exc:
-        raise RecordingFileError(f"{path}: cannot open as a recording file ({exc})") from exc
+    except SQLITE_ERRORS as exc:
+        raise RecordingFileError(f"{path}: cannot open as a recording file ({_why(exc)})") from exc
 
 
 # ------------------------------------------------------------------ what the file holds
@@ -252,9 +266,9 @@ def _check_format(con: sqlite3.Connection, path: str, writing: bool = False) -> 
         if layout != _RECORDING:
             raise _not_a_recording(path, layout, rows, writing)
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-    except sqlite3.DatabaseError as exc:
+    except DAMAGED as exc:
         raise RecordingFileError(
-            f"{path}: not a readable nddebug recording ({exc}); the file may be truncated or "
+            f"{path}: not a readable nddebug recording ({_why(exc)}); the file may be truncated or "
             "not a recording"
         ) from exc
     if meta.get("format") != FORMAT:
@@ -333,8 +347,8 @@ def _create(path: str, version: int = FORMAT_VERSION) -> None:
             pass  # another process created it first: append to that file
         except OSError:
             pass  # no hard links on this file system: _prepare initialises it in place
-    except sqlite3.Error as exc:
-        raise RecordingFileError(f"{path}: could not create the recording ({exc})") from exc
+    except SQLITE_ERRORS as exc:
+        raise RecordingFileError(f"{path}: could not create the recording ({_why(exc)})") from exc
     finally:
         for leftover in (tmp, tmp + "-journal"):
             with contextlib.suppress(FileNotFoundError):
@@ -349,8 +363,8 @@ def _prepare(con: sqlite3.Connection, path: str, version: int = FORMAT_VERSION) 
     left untouched."""
     try:
         layout, rows = _layout(con)
-    except sqlite3.DatabaseError as exc:
-        raise RecordingFileError(f"{path}: exists and is not a recording ({exc})") from exc
+    except DAMAGED as exc:
+        raise RecordingFileError(f"{path}: exists and is not a recording ({_why(exc)})") from exc
     if layout in (_EMPTY, _HALF):
         # Decide again under the write lock: another process may be initialising it too.
         with con:
@@ -410,8 +424,8 @@ def check_appendable(path: str) -> None:
         if layout != _RECORDING:
             raise _not_a_recording(path, layout, rows, writing=True)
         _check_format(con, path, writing=True)
-    except sqlite3.DatabaseError as exc:
-        raise RecordingFileError(f"{path}: exists and is not a recording ({exc})") from exc
+    except DAMAGED as exc:
+        raise RecordingFileError(f"{path}: exists and is not a recording ({_why(exc)})") from exc
     finally:
         con.close()
 
@@ -440,8 +454,8 @@ def save(
         _prepare(con, path, format_version)
         for rec in recordings:
             write(con, rec)
-    except sqlite3.Error as exc:
-        raise RecordingFileError(f"{path}: could not write the recording ({exc})") from exc
+    except SQLITE_ERRORS as exc:
+        raise RecordingFileError(f"{path}: could not write the recording ({_why(exc)})") from exc
     except RecordingFileError as exc:
         if path in str(exc):
             raise
@@ -1263,9 +1277,9 @@ def _reading(path: str) -> Iterator[tuple[sqlite3.Connection, set[str]]]:
                 r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
             yield con, tables
-        except sqlite3.DatabaseError as exc:
+        except DAMAGED as exc:
             raise RecordingFileError(
-                f"{path}: the recording is damaged or incomplete ({exc})"
+                f"{path}: the recording is damaged or incomplete ({_why(exc)})"
             ) from exc
     finally:
         con.close()
@@ -1395,9 +1409,9 @@ class RunWriter:
                     self._con.execute("BEGIN IMMEDIATE")
                     self._con.executemany("INSERT OR REPLACE INTO ops VALUES (?, ?, ?)", rows)
                     _insert_chunks(self._con, self.run_id, self.chunks_written, chunks)
-            except sqlite3.Error as exc:
+            except SQLITE_ERRORS as exc:
                 raise RecordingFileError(
-                    f"{self.path}: could not write the recording ({exc})"
+                    f"{self.path}: could not write the recording ({_why(exc)})"
                 ) from exc
             self._ops.update((op_id, text) for _, op_id, text in rows)
             self.chunks_written += len(chunks)
@@ -1453,9 +1467,9 @@ class RunWriter:
                         ),
                     )
                     self._con.executemany("INSERT INTO captured VALUES (?, ?, ?, ?)", rows)
-            except sqlite3.Error as exc:
+            except SQLITE_ERRORS as exc:
                 raise RecordingFileError(
-                    f"{self.path}: could not write the recording ({exc})"
+                    f"{self.path}: could not write the recording ({_why(exc)})"
                 ) from exc
             self.closed = True
             self._con.close()

@@ -609,3 +609,32 @@ def test_sqlite_damage_is_said_on_one_line():
     assert "\n" not in storage.integrity_problem(split)
     assert "extends off page" in storage.integrity_problem(split)
     assert storage.integrity_problem([("ok",)]) == ""
+
+
+def test_a_damaged_schema_name_that_is_not_text_is_a_recording_file_error(traced_file, tmp_path):
+    """A damaged page of SQLite's schema: the table's name is no longer UTF-8, and SQLite's
+    message about it ("malformed database schema (<name>)") quotes those bytes, which Python
+    could not decode. load() raised a bare UnicodeDecodeError, and the CLI printed a
+    traceback and exited 1, as if culprits had been found."""
+    data = bytearray(traced_file.read_bytes())
+    name, sql = data.find(b"tableeventsevents"), data.find(b"CREATE TABLE events")
+    assert name > 0 and sql > 0
+    data[name + 6] = 0x8E  # the "e" of the name "events"
+    data[sql + 15] = 0xFF  # and the statement, so that SQLite rejects the schema
+    path = tmp_path / "damaged.nddebug"
+    path.write_bytes(bytes(data))
+    with pytest.raises(nddebug.RecordingFileError, match="byte 0x8e is not UTF-8"):
+        nddebug.load(str(path))
+    for command in (["report", str(path)], ["diff", str(path), str(traced_file)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "nddebug", *command],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            cwd=ROOT,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and str(path) in done.stderr, done.stderr
+    assert path.read_bytes() == bytes(data)  # refused, and left as it was
