@@ -223,6 +223,7 @@ def check(
     keeper.also(st.keras_global_seed_generator())
     before = keeper.snapshot()
     streams = st.RandomStreams()
+    streams.set_apart()
 
     def one_run(
         step: Callable[..., Any],
@@ -259,6 +260,10 @@ def check(
                 f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
             )
         warnings.extend(w for w in warm.warnings if w not in warnings)
+        xla_random = _xla_random_note(warm)
+        if xla_random and xla_random not in warnings:
+            warnings.append(xla_random)
+            warm.warnings.append(xla_random)
         if (
             mode == "repeat"
             and state is None
@@ -425,6 +430,39 @@ def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
         else:
             out[key] = f"not seen in {total} re-executions on its recorded inputs"
     return out
+
+
+def _xla_random_note(rec: Recording) -> str:
+    """What check() cannot put back when the step calls XLA-compiled functions holding
+    stateful random ops ("" if it does not): XLA ignores their seeds and draws them from a
+    counter of the process that every run advances (TensorFlow warns "Using
+    tf.random.uniform with XLA compilation will ignore seeds"), so check()'s runs move it on
+    and the steps after check() draw other numbers than they would have without it."""
+    found: dict[str, set[str]] = {}
+    for op in rec.ops.values():
+        if op.function != "xla":
+            continue
+        for t in op.attrs.get("ops_inside", []):
+            if t.endswith(("(random)", "(unseeded)")):
+                found.setdefault(_call_name(op), set()).add(t.split("(")[0])
+    if not found:
+        return ""
+    where = "; ".join(f"{', '.join(sorted(v))} in {k}" for k, v in sorted(found.items()))
+    return (
+        f"Stateful random ops run inside XLA-compiled functions ({where}). XLA ignores their "
+        "seeds and draws from a counter of the process that every call advances: check() "
+        "cannot put it back, so the steps after check() draw other random numbers than they "
+        "would have without it. Use stateless random ops (tf.random.stateless_uniform, "
+        "keras.random with a SeedGenerator) or a tf.random.Generator in compiled functions."
+    )
+
+
+def _call_name(op: Any) -> str:
+    """The name a user knows a call by: the function's own name, without TensorFlow's
+    "__inference_" prefix and number."""
+    from nddebug.tracer.ops import function_name
+
+    return function_name(op.op_type if op.op_type.startswith("__") else op.op_name)
 
 
 def _uses_xla(fn: Callable[..., Any], models: list[Any]) -> bool:

@@ -270,18 +270,34 @@ class RandomStreams:
         self.numpy = np.random.get_state()
         ctx = context.context()
         rng = getattr(ctx, "_rng", None)
-        self.tf_seeds = rng.getstate() if rng is not None else None
+        self._tf_rng = rng if isinstance(rng, random.Random) else None
+        self.tf_seeds = self._tf_rng.getstate() if self._tf_rng is not None else None
         gen = stateful_random_ops.global_generator
         self.tf_generator = (gen, gen.state.numpy()) if gen is not None else None
+
+    def set_apart(self) -> None:
+        """Until :meth:`restore`, eager random ops with no seed of their own draw their op
+        seeds from a stream of check()'s own. With a global seed set, each such op takes the
+        next seed of TensorFlow's op-seed stream, and TensorFlow keeps its kernel, whose
+        generator goes on, for that seed: the runs of check() made and advanced the kernels
+        of the very seeds that the steps after it draw again once the stream is put back,
+        and an eager step with dropout computed other bits after check() than without it."""
+        from tensorflow.python.eager import context
+
+        if self._tf_rng is None:
+            return
+        copy = random.Random()
+        copy.setstate(self.tf_seeds)
+        context.context()._rng = random.Random(copy.getrandbits(64) ^ 0x6E64646562756721)
 
     def restore(self) -> None:
         from tensorflow.python.eager import context
 
         random.setstate(self.python)
         np.random.set_state(self.numpy)
-        rng = getattr(context.context(), "_rng", None)
-        if rng is not None and self.tf_seeds is not None:
-            rng.setstate(self.tf_seeds)
+        if self._tf_rng is not None:
+            context.context()._rng = self._tf_rng
+            self._tf_rng.setstate(self.tf_seeds)
         if self.tf_generator is not None:
             gen, state = self.tf_generator
             gen.state.assign(state)

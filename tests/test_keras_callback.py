@@ -214,3 +214,33 @@ def test_assert_deterministic() -> None:
 
     with pytest.raises(AssertionError, match="RandomUniform"):
         nddebug.assert_deterministic(bad, tf.ones([4]))
+
+
+class _UniformNoise(keras.layers.Layer):
+    """Noise from TensorFlow's stateful op with no seed of its own: under a global seed, each
+    eager call takes the next op seed of TensorFlow's stream."""
+
+    def call(self, x, training=None):
+        return x + tf.random.uniform(tf.shape(x)) * 1e-3 if training else x
+
+
+def test_callback_on_an_eager_model_with_global_seeded_noise_trains_as_fit() -> None:
+    """run_eagerly=True: the check's runs drew op seeds from TensorFlow's stream and made the
+    kernels of those seeds, which keep their generator's position; the steps after the check
+    drew the same seeds again and got those kernels, advanced: other weights than plain fit."""
+
+    def train(callbacks: list[Any]) -> bytes:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16), _UniformNoise(), keras.layers.Dense(1)]
+        )
+        model.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(32, 8)).astype("float32")
+        y = rng.normal(size=(32, 1)).astype("float32")
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        return variables_bytes(collect_variables(model))
+
+    callback = DeterminismCheck(every_n_steps=2, repeats=2)
+    assert train([callback]) == train([])
+    assert len(callback.reports) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 import nddebug
@@ -85,3 +87,41 @@ def test_recordings_from_separate_processes_compare_as_reproducible(tmp_path) ->
     report = nddebug.compare(recs)
     assert report.ok, str(report)
     assert report.summary["ops_traced"] > 100
+
+
+def test_check_of_an_eager_step_with_global_seeded_dropout_leaves_the_plain_stream() -> None:
+    """An eager step with dropout under tf.random.set_seed: check()'s runs used up op seeds of
+    TensorFlow's stream, and the kernels made for them keep their generator's position, so
+    the step check() leaves and every later step computed other bits than without it."""
+    import hashlib
+
+    w = tf.Variable(tf.ones([4, 3]))
+    x = tf.ones([2, 4])
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = tf.nn.dropout(tf.matmul(x, w), rate=0.5)
+            loss = tf.reduce_sum(y * y)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    def weights() -> str:
+        return hashlib.sha256(w.numpy().tobytes()).hexdigest()
+
+    def two_steps(first: Any) -> list[str]:
+        tf.random.set_seed(0)
+        w.assign(tf.ones([4, 3]))
+        first()
+        after_one = weights()
+        step(x)
+        return [after_one, weights()]
+
+    plain = two_steps(lambda: step(x))
+    report = None
+
+    def checked() -> None:
+        nonlocal report
+        report = nddebug.check(step, x, repeats=3, state=w)
+
+    assert two_steps(checked) == plain
+    assert report is not None and set(report.sources["op_type"]) == {"RandomUniform"}
