@@ -230,6 +230,43 @@ print(json.dumps({"locations": [i.location for i in replica]}))
         assert "user_train.py:6 (<module>) in " in where and "dense" in where, out
 
 
+def test_ops_of_a_users_replica_function_name_its_line() -> None:
+    """A custom replica function, converted by autograph with the tf.function around it:
+    TensorFlow maps a generated file's frames back to the user's lines only on the thread
+    that called the function, and the replica threads kept the generated frame. Every op of
+    the replica function, the random source included, was "created at" the line that called
+    the step."""
+    out = run_python(
+        SETUP
+        + """
+user_code = (
+    "with strategy.scope():\\n"
+    "    v = tf.Variable(tf.ones([4, 1]))\\n"
+    "@tf.function\\n"
+    "def step(x):\\n"
+    "    def replica_fn(x):\\n"
+    "        noise = tf.random.uniform([4, 1])\\n"
+    "        return tf.reduce_sum(tf.matmul(x, v) + noise)\\n"
+    "    return strategy.run(replica_fn, args=(x,))\\n"
+    "with nddebug.trace() as rec:\\n"
+    "    step(tf.ones([4, 4]))\\n"
+)
+import os, runpy, tempfile
+path = os.path.join(tempfile.mkdtemp(), "user_replica.py")  # a file: autograph reads it
+with open(path, "w") as f:
+    f.write(user_code)
+rec = runpy.run_path(path, {"strategy": strategy, "tf": tf, "nddebug": nddebug})["rec"]
+where = {i.op_type: [] for i in rec.ops.values()}
+for i in rec.ops.values():
+    where[i.op_type].append(os.path.basename(i.location))
+print(json.dumps(where))
+"""
+    )
+    assert len(out["RandomUniform"]) == 2, out  # one per replica
+    assert set(out["RandomUniform"]) == {"user_replica.py:6 (replica_fn)"}, out
+    assert set(out["Sum"]) == {"user_replica.py:7 (replica_fn)"}, out
+
+
 def test_an_unseeded_random_op_after_the_all_reduce_parts_the_replicas() -> None:
     out = run_python(
         SETUP

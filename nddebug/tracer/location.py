@@ -5,6 +5,7 @@ called from there (a Keras layer run by ``fit``) also names its name scope, the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import site
@@ -49,6 +50,54 @@ def format_location(filename: str, lineno: int, name: str) -> str:
     return f"{filename}:{lineno} ({name})"
 
 
+#: Lines of autograph's generated files -> the user's line they came from (file, line,
+#: function), for every function autograph converted in the process since the first trace.
+_AUTOGRAPH_LINES: dict[tuple[str, int], tuple[str, int, str]] = {}
+_autograph_hooked = False
+
+
+def hook_autograph() -> None:
+    """Remember the source map of every function autograph converts. TensorFlow maps the
+    frames of a generated file back to the user's line only on the thread that called the
+    converted function (its source mappers are per thread): an op a ``MirroredStrategy``
+    replica thread made in the user's ``replica_fn`` (converted with the tf.function around
+    it) kept the generated file's frame, which no user line matched, and was placed at the
+    line that called the step. Installed at the first trace and never removed."""
+    global _autograph_hooked
+    if _autograph_hooked:
+        return
+    try:
+        from tensorflow.python.autograph.impl import api
+    except ImportError:  # another TensorFlow: its own mapping is all there is
+        return
+    original = api.StackTraceMapper.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, converted_fn: Any) -> None:
+        original(self, converted_fn)
+        for loc, origin in (getattr(converted_fn, "ag_source_map", None) or {}).items():
+            with contextlib.suppress(AttributeError):
+                _AUTOGRAPH_LINES[(loc.filename, loc.lineno)] = (
+                    origin.loc.filename,
+                    origin.loc.lineno,
+                    origin.function_name,
+                )
+
+    api.StackTraceMapper.__init__ = __init__
+    _autograph_hooked = True
+
+
+def _user_frame(filename: str, lineno: int, name: str, lib_dirs: tuple[str, ...]) -> Any:
+    """A frame as the user's (file, line, function), a generated file's mapped back to its
+    source (see :func:`hook_autograph`); None if it is not the user's code."""
+    if "__autograph_generated_file" in filename:
+        mapped = _AUTOGRAPH_LINES.get((filename, lineno))
+        if mapped is None:
+            return None
+        filename, lineno, name = mapped
+    return (filename, lineno, name) if is_user_file(filename, lib_dirs) else None
+
+
 def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
     """The user frame of a graph op's creation traceback.
 
@@ -61,8 +110,9 @@ def graph_location(op: Any, lib_dirs: tuple[str, ...]) -> str:
         return ""
     for i in range(n - 1, -1, -1):
         frame = frames[i]
-        if is_user_file(frame.filename, lib_dirs):
-            where = format_location(frame.filename, frame.lineno, frame.name)
+        user = _user_frame(frame.filename, frame.lineno, frame.name, lib_dirs)
+        if user is not None:
+            where = format_location(*user)
             if _through_model_library(frames, i + 1, n):
                 # Made inside a model library called from here: every op of a Keras step
                 # would name the same `fit` line; the name scope says which layer made it.

@@ -15,7 +15,7 @@ from nddebug.errors import TraceError
 from nddebug.recording import NOT_COMPARED, Event, OpInfo, Recording
 from nddebug.tracer import calls, eager, instrument, opaque, ops, rerun, session, transport
 from nddebug.tracer.fairlock import FairRLock
-from nddebug.tracer.location import library_dirs
+from nddebug.tracer.location import hook_autograph, library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 from nddebug.tracer.steps import StepFolder
 
@@ -173,6 +173,7 @@ class Recorder:
         # is in flight, unhooked, once the buffer records.
         self.pre_call.install()
         instrument.hook_graph_ends()
+        hook_autograph()
         instrument.hook_pfor()
         instrument.hook_statefulness()
         calls.hook_function_calls()
