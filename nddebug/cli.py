@@ -504,6 +504,14 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
         report = compare(recs)
         report.mode = "processes"
         _say(render(report, args.format))
+        if report.ok and not replayed:
+            _say(
+                f"note: the first pass's runs parted at step {first.step}, but in these two "
+                "the step computed the same bits: that divergence does not happen in every "
+                "run (a race between threads, a timing-dependent choice, or a value from "
+                "outside TensorFlow such as the clock). It is still a divergence: run "
+                "--bisect again, with more runs (-n), to catch it in full."
+            )
         status = max(status, OK if report.ok else FOUND)
     return status
 

@@ -262,6 +262,40 @@ def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: A
     assert "did not replay" not in proc.stdout
 
 
+def test_nddebug_run_bisect_says_when_the_divergence_did_not_recur(tmp_path: Any) -> None:
+    """A divergence at step 41 in one process of the first pass only (the first to create a
+    marker file): the second pass's two runs of that step agree. It printed a plain
+    "reproducible" for them, as if the runs had never parted."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        _PER_PROCESS_LOOP.replace(
+            "if k == 41:",
+            "if k == 41 and _first_process():",
+        ).replace(
+            "import random\n",
+            "import os, random\n\n\n"
+            "def _first_process():\n"
+            "    try:\n"
+            "        os.close(os.open('marker', os.O_CREAT | os.O_EXCL))\n"
+            "        return True\n"
+            "    except FileExistsError:\n"
+            "        return False\n",
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--bisect", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the runs did part
+    first, _, second = proc.stdout.partition("=== --bisect: step 41")
+    assert "first part at step 41 of 60" in first, proc.stdout
+    assert "reproducible" in second and "does not happen in every run" in second, second
+
+
 def test_a_long_block_with_a_path_is_written_as_it_runs(tmp_path: Any, monkeypatch: Any) -> None:
     """trace(path=...) holds at most about a chunk of op executions in memory: the rest is in
     the file while the block still runs, and the run read back is the whole run."""
