@@ -21,6 +21,7 @@ from typing import Any
 from nddebug import knowledge, replicas
 from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import (
+    ARGUMENT_BY_CALLER,
     CALL_OPS,
     NOT_COMPARED,
     OPAQUE,
@@ -95,8 +96,10 @@ VARIABLE_CREATION = frozenset({"VarHandleOp", "VariableV2", "VarIsInitializedOp"
 
 def _call_like(op: OpInfo) -> bool:
     """A call, branch or loop, or a value a function returned that its caller recorded with the
-    call's inputs: what it outputs, ops inside the function computed."""
-    return op.op_type in CALL_OPS or op.note == RECORDED_BY_CALLER
+    call's inputs: what it outputs, ops inside the function computed. Or an op inside a
+    function whose record leaves an argument to the call's record: what it outputs, the
+    caller's ops computed too."""
+    return op.op_type in CALL_OPS or op.note in (RECORDED_BY_CALLER, ARGUMENT_BY_CALLER)
 
 
 def first_run_setup(findings: list[OpFinding], first_only: set[str]) -> set[str]:
@@ -375,6 +378,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     replicas.demote_collectives(findings, recordings, per_run_units)
     _state_propagation(findings, run_seqs)
     _fused_chains(findings)
+    _arguments_from_callers(findings)
     _entry_point(findings)
     if any(f.role == "source" and not _call_like(f.op) for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
@@ -583,6 +587,23 @@ def explained_elsewhere(f: OpFinding, findings: list[OpFinding]) -> bool:
         and g.first_seq <= f.first_seq
         for g in findings
     )
+
+
+def _arguments_from_callers(findings: list[OpFinding]) -> None:
+    """An op inside a nested function whose record leaves out an argument of the function
+    (ARGUMENT_BY_CALLER: the call's record holds it) sees equal recorded inputs when only
+    that argument differed. Where a call of its function had inputs that differed (role
+    "propagated"), the difference came in through them: the op only carries it. Otherwise
+    (the call's inputs were equal) it arose inside the function, and the op stays a source."""
+    carried = {
+        f.op.attrs["callee_key"] + "/"
+        for f in findings
+        if f.role == "propagated" and f.op.attrs.get("callee_key")
+    }
+    for f in findings:
+        if f.role == "source" and f.op.note == ARGUMENT_BY_CALLER:
+            if any(f.op.key.startswith(prefix) for prefix in carried):
+                f.role = "propagated"
 
 
 def _entry_point(findings: list[OpFinding]) -> None:
@@ -909,6 +930,11 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.explanation += (
             " [its value is recorded where the function that returns it is called, with the "
             "call's inputs as its inputs: the difference arose in that function]"
+        )
+    elif op.note == ARGUMENT_BY_CALLER:
+        f.explanation += (
+            " [one of its inputs is an argument of its function that is recorded where the "
+            "function is called, not here: the difference is in this op or in that argument]"
         )
     if op.fused:
         chain = " -> ".join([*op.fused.values(), op.op_type])

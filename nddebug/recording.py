@@ -32,6 +32,12 @@ UPDATE_NOTE = "value of the variable after this update"
 #: grappler rewrites it with its reader there): its record's inputs are the call's inputs, so,
 #: like a call, it is not a source when an op inside the function is.
 RECORDED_BY_CALLER = "returned by its function and recorded in the caller, with the call's inputs"
+#: OpInfo.note of an op in a nested function that reads one of the function's arguments where
+#: grappler, once it inlines the call, may rewrite it with the op in the caller that makes the
+#: argument: the function does not digest that argument (a digest would be the second reader
+#: that stops the rewrite), the call's record holds it (or what it is made of). Like a call,
+#: such an op is not a source when another op is.
+ARGUMENT_BY_CALLER = "reads an argument of its function that the call's record holds"
 
 
 #: Ops that read only the shapes of their inputs, never their values. The tracer digests

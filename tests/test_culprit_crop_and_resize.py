@@ -121,3 +121,33 @@ def test_op_determinism_makes_the_same_step_reproducible() -> None:
         env=CPU_ONLY,  # on a GPU, CropAndResizeGradImage has no deterministic kernel: it raises
     )
     assert result == {"ok": True, "culprits": [], "determinism": True}
+
+
+def test_the_race_in_a_stateless_nested_functions_gradient_is_named() -> None:
+    """The crop in a nested tf.function with no stateful op: TensorFlow calls it (and its
+    gradient) with a PartitionedCall, and inlines that keeping only what its data outputs
+    need. With the function's outputs untied from nddebug's records, its records were
+    dropped: the call was the source, explained as a difference from outside TensorFlow."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    centre = rng.uniform(0.35, 0.65, size=(BOXES, 2))
+    half = rng.uniform(0.15, 0.3, size=(BOXES, 2))
+    boxes = tf.constant(np.concatenate([centre - half, centre + half], axis=1), tf.float32)
+    index = tf.constant(rng.integers(0, 2, size=BOXES), tf.int32)
+    features = tf.constant(rng.random((2, 32, 32, 8), dtype=np.float32))
+
+    @tf.function
+    def crops_of(f):
+        return tf.image.crop_and_resize(f, boxes, index, crop_size=(14, 14))
+
+    @tf.function
+    def step(f):
+        with tf.GradientTape() as tape:
+            tape.watch(f)
+            loss = tf.reduce_sum(tf.square(crops_of(f)))
+        return tape.gradient(loss, f)
+
+    with on_cpu():
+        report = nddebug.check(step, features, repeats=5)
+    assert list(report.sources["op_type"]) == ["CropAndResizeGradImage"], str(report)

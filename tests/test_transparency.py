@@ -25,6 +25,7 @@ import pytest
 import tensorflow as tf
 
 import nddebug
+from nddebug.recording import ARGUMENT_BY_CALLER
 from tests.helpers import ROOT, on_cpu, subprocess_env
 
 Workload = tuple[Callable[..., Any], tuple[Any, ...], list[tf.Variable]]
@@ -403,11 +404,94 @@ def _nested_result_rewritten_by_the_caller() -> Workload:
     return step, (), [w]
 
 
+def _nested_product_in_its_gradient() -> Workload:
+    """A nested function returning tanh(h) * 1.1, squared by the loss, one gradient. Once
+    grappler inlines the backward function's call, it pushes the loss gradient's constant
+    into the backward function's product by 1.1. A digest of the backward function's
+    argument (the loss gradient), made inside it or by the call, was the second reader that
+    stops that: the gradient was 1 ULP away. The call's record now holds what the argument
+    is made of, and the function digests nothing in its place."""
+    w = tf.Variable(tf.constant(np.random.RandomState(1).randn(16, 32).astype("float32") * 0.3))
+    x = tf.constant(np.random.RandomState(0).randn(32, 16).astype("float32"))
+
+    @tf.function
+    def inner(h):
+        return tf.tanh(h) * 1.1
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(inner(x @ w) ** 2)
+        return tape.gradient(loss, w)
+
+    return step, (), [w]
+
+
+def _nested_result_returned_twice() -> Workload:
+    """A nested function returning one product twice (a dict with two keys), both read by
+    the loss: the gradients with respect to the weights and the bias were 1 ULP away."""
+    w = tf.Variable(tf.reshape(tf.sin(tf.range(256, dtype=tf.float32)), [16, 16]))
+    bias = tf.Variable(tf.cos(tf.range(16, dtype=tf.float32)) * 0.1)
+    x = tf.reshape(tf.sin(tf.range(128, dtype=tf.float32) * 0.7), [8, 16])
+
+    @tf.function
+    def inner(h):
+        p = h * 1.3
+        return {"p": p, "q": p}
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            d = inner(tf.matmul(x, w) + bias)
+            loss = tf.reduce_sum(d["p"] * d["q"]) + tf.reduce_sum(d["p"] * 3.0)
+        return tape.gradient(loss, [w, bias])
+
+    return step, (), [w, bias]
+
+
+def _functions_nested_two_deep(callers: str) -> Callable[[], Workload]:
+    """``mid(h) = inner(h * 0.9) * 2``, ``inner(h) = tanh(h * 1.1)``, the loss squared, one
+    gradient: the plain program folds the gradient's constants of all three functions into
+    one product. A backward function's result was recorded inside it (only a tf.function's
+    body left its results to the caller), and a backward function handed on to the one
+    nested in it a forward value that one does not read, which the caller then digested:
+    the loss and 23 of 64 gradient elements were 1 ULP away. ``callers="two"`` also calls
+    ``inner`` directly (26 of 64)."""
+
+    def make() -> Workload:
+        x = tf.reshape(tf.sin(tf.range(64, dtype=tf.float32)), [8, 8])
+        w = tf.Variable(tf.reshape(tf.cos(tf.range(64, dtype=tf.float32)), [8, 8]) * 0.3)
+
+        @tf.function
+        def inner(h):
+            return tf.tanh(h * 1.1)
+
+        @tf.function
+        def mid(h):
+            return inner(h * 0.9) * 2.0
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                h = x @ w
+                y = mid(h * 0.5) if callers == "one" else inner(h * 0.5) + mid(h * 0.5)
+                loss = tf.reduce_mean(y**2)
+            return loss, tape.gradient(loss, w)
+
+        return step, (), [w]
+
+    return make
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "silu_then_cond": _silu_then_cond,
     "nested_function_silu": _nested_function_silu,
     "nested_function_optimizer_step": _nested_function_optimizer_step,
     "nested_result_rewritten_by_the_caller": _nested_result_rewritten_by_the_caller,
+    "nested_product_in_its_gradient": _nested_product_in_its_gradient,
+    "nested_result_returned_twice": _nested_result_returned_twice,
+    "functions_nested_two_deep": _functions_nested_two_deep("one"),
+    "functions_nested_two_deep_two_callers": _functions_nested_two_deep("two"),
     "gradients_only": _gradients_only,
     "vectorized_map_and_jacobian": _vectorized_map_and_jacobian,
     "add_bias_tanh_sigmoid": _add_bias_tanh_sigmoid,
@@ -829,3 +913,92 @@ def test_sums_grappler_accumulates_are_named_next_to_the_verdict() -> None:
     assert len(said) == 1 and "AddN" in said[0] and "step" in said[0], rec.warnings
     assert said == [w for w in again.warnings if "memory optimizer" in w]
     assert not quiet.warnings
+
+
+def _arguments_left_to_the_call(random: bool) -> Any:
+    """A step whose nested function multiplies its argument by a constant (a product grappler
+    may merge with the caller's once it inlines the call, so the function leaves that
+    argument to the call's record). The argument is the caller's product of a random draw
+    (unseeded: another value each run) or of a constant."""
+    x = tf.reshape(tf.sin(tf.range(64, dtype=tf.float32)), [8, 8])
+
+    @tf.function
+    def inner(h):
+        return tf.reduce_sum(tf.tanh(h * 1.1), axis=0)
+
+    @tf.function
+    def step():
+        noise = tf.random.uniform([8, 8]) if random else tf.ones([8, 8])
+        return tf.reduce_sum(inner(x * noise * 0.5))
+
+    return step
+
+
+def test_ops_reading_an_argument_left_to_the_call_are_not_blamed() -> None:
+    """The product inside the function records no digest of its argument, so its record's
+    inputs stay equal when the argument differs. It must not be named a source for that: the
+    source is the random op in the caller, and a deterministic step is reproducible."""
+    with on_cpu():
+        report = nddebug.check(_arguments_left_to_the_call(random=True), repeats=3)
+        quiet = nddebug.check(_arguments_left_to_the_call(random=False), repeats=3)
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, str(report)
+    left = [f for f in report.comparison.findings if f.op.note == ARGUMENT_BY_CALLER]
+    assert left and all(f.role == "propagated" for f in left), str(report)
+    assert quiet.ok, str(quiet)
+
+
+def _stateful_inner() -> Any:
+    """A nested function that reads a variable (so it is a StatefulPartitionedCall and its
+    records run) and multiplies its argument: the argument is left to the call's record."""
+    v = tf.Variable(tf.ones([8]) * 0.7)
+
+    @tf.function
+    def inner(h):
+        return tf.reduce_sum(h * 1.1 * v, axis=0)
+
+    return inner
+
+
+def test_an_argument_that_differed_from_python_is_said_to_enter_from_outside() -> None:
+    """A NumPy draw made into a tensor each run reaches a nested function's product through
+    its argument. The product's record had equal inputs (the argument is in the call's
+    record): it was named a source, "the kernel itself is non-deterministic", where the
+    difference entered TensorFlow from Python."""
+    inner = _stateful_inner()
+    rng = np.random.default_rng(5)
+
+    @tf.function
+    def outer(a):
+        return tf.reduce_sum(inner(a * 0.5))
+
+    def step():
+        return outer(tf.constant(rng.random((8, 8), dtype=np.float32)))
+
+    with on_cpu():
+        report = nddebug.check(step, repeats=3, quantify=False)
+    sources = [f for f in report.comparison.findings if f.role == "source"]
+    assert len(sources) == 1 and sources[0].entered, str(report)
+    assert "non-deterministic" not in sources[0].explanation, str(report)
+
+
+def test_an_argument_from_an_opaque_source_call_leaves_one_source() -> None:
+    """The random numbers come from a tf.function traced before the check (an opaque call, a
+    call-like source): the product inside the nested function that reads them was named a
+    second source, as nothing demoted it."""
+    inner = _stateful_inner()
+    x = tf.reshape(tf.sin(tf.range(64, dtype=tf.float32)), [8, 8])
+
+    @tf.function
+    def draw():
+        return tf.random.uniform([8, 8])
+
+    draw()  # traced outside the check: its call is not instrumented
+
+    @tf.function
+    def step():
+        return tf.reduce_sum(inner(draw() * x * 0.5))
+
+    with on_cpu():
+        report = nddebug.check(step, repeats=3, quantify=False)
+    sources = [f for f in report.comparison.findings if f.role == "source"]
+    assert [f.op.function for f in sources] == ["uninstrumented"], str(report)

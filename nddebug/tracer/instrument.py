@@ -17,6 +17,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import (
+    ARGUMENT_BY_CALLER,
     NOT_COMPARED,
     RECORDED_BY_CALLER,
     SHAPE_ONLY_OPS,
@@ -181,6 +182,9 @@ class Deferred:
         # Returned by a function that a call inlines into its caller: the caller records it
         # (see finish_graph), where grappler rewrites it with its reader there.
         self.to_caller = False
+        # Its record holds no digest of an argument its function left to the call's record
+        # (see _Argument): like a call, it is not a source when another op is.
+        self.by_caller = False
 
     def materialize(self) -> Any:
         """Make the record now; the output's digest tensor (None if unreadable)."""
@@ -190,28 +194,100 @@ class Deferred:
         return self._digest
 
 
+class _Argument(Deferred):
+    """An argument of a nested function, whose calls grappler inlines into the caller. Where
+    the op reading it may be rewritten with the op that makes it in the caller (a constant
+    pushed down a product that crosses the call: the loss's ``2 * h`` times the ``* 1.1``
+    in the gradient of the function), a digest of it inside the function is the second
+    reader that stops the rewrite, and the gradient was 1 ULP away from the plain one. So
+    such a reader records nothing in its place, and the call's record holds the argument
+    (or, where the caller's op that makes it is rewritten with the reader, that op's
+    inputs: see note_arguments_left). Any other reader digests it as usual."""
+
+    def __init__(self, graph: Any, tensor: Any) -> None:
+        def emit() -> tuple[Any, Any]:
+            REGISTRY.graph_cache(graph).pop(tensor.name, None)
+            return None, digest_in_graph(graph, tensor)
+
+        super().__init__("", [], emit, tensor.name, {}, frozenset(), tensor)
+        self.fused = {}  # no op of this function stands behind it
+        self.by_caller = True
+        self.readers: list[tuple[str, int]] = []  # (op type, input position) of its readers
+
+
+def _argument(graph: Any, tensor: Any) -> _Argument | None:
+    """The pending digest of ``tensor`` if it is an argument (or capture) of a nested
+    function whose readers may leave it to the call's record (see _Argument); made at its
+    first reader."""
+    if tensor.op.type != "Placeholder" or tensor.graph is not graph:
+        return None
+    cache = REGISTRY.graph_cache(graph)
+    pending = cache.setdefault(DEFERRED, {})
+    found = pending.get(tensor.name)
+    if found is not None or tensor.name in cache:
+        return found if isinstance(found, _Argument) else None
+    if not _left_to_callers(graph) or not _digestible(tensor):
+        return None
+    d = _Argument(graph, tensor)
+    cache[tensor.name] = d
+    pending[tensor.name] = d
+    return d
+
+
+def _left_to_callers(graph: Any) -> bool:
+    """Whether ``graph`` is the body of a function called from another function's graph, whose
+    calls grappler inlines (a nested tf.function, the backward function of its gradient):
+    not a branch or loop body, not a tf.data function, not a TF1 graph."""
+    cache = REGISTRY.graph_cache(graph)
+    if "<left to callers>" not in cache:
+        from tensorflow.python.framework import func_graph as func_graph_module
+
+        cache["<left to callers>"] = (
+            type(graph) is func_graph_module.FuncGraph
+            and _nested(graph)
+            and not is_data_graph(graph)
+            and not is_v1_graph(graph)
+            and not in_xla(graph)
+        )
+    return cache["<left to callers>"]
+
+
 def _input_digests(
-    graph: Any, op_type: str, inputs: Any, device: str
-) -> tuple[list[Any], list[Any], dict[str, str], frozenset[str]]:
+    graph: Any,
+    op_type: str,
+    inputs: Any,
+    device: str,
+    readers: dict[int, tuple[str, int]] | None = None,
+) -> tuple[list[Any], list[Any], dict[str, str], frozenset[str], bool]:
     """The digests an op's record holds as its inputs, the digest read from each input (None
     where none is: unreadable, or an intermediate it fuses with), the ops it fuses with
-    (key -> op type, in data-flow order) and the rewrites whose pattern that makes it part
-    of."""
+    (key -> op type, in data-flow order), the rewrites whose pattern that makes it part
+    of, and whether it leaves an argument of its function to the call's record.
+    ``readers``: for a call, the op inside the function that reads each argument it leaves
+    to this record (input position -> op type and its input position there)."""
     cache = REGISTRY.graph_cache(graph)
     recorded: list[Any] = []
     per_input: list[Any] = []
     fused: dict[str, str] = {}
     inside: frozenset[str] = frozenset()
+    by_caller = False
     deferred = cache.get(DEFERRED, {})
     for position, t in enumerate(inputs):
         d = cache.get(t.name)
         if not isinstance(d, Deferred):
             d = deferred.get(t.name)
-        by = (
-            rewrites.fuses(d.op_type, op_type, position, device, d.inside)
-            if d is not None and op_type
-            else None
-        )
+            d = d if d is not None or t.name in cache else _argument(graph, t)
+        reader = (readers or {}).get(position)
+        consumer, at = reader if reader is not None else (op_type, position)
+        if d is None or not consumer:
+            by = None
+        elif isinstance(d, _Argument):
+            # Digested in the function already (another reader): no rewrite to keep.
+            by = None if d.done else rewrites.consumes(consumer, at, device)
+            if by:
+                d.readers.append((consumer, at))
+        else:
+            by = rewrites.fuses(d.op_type, consumer, at, device, d.inside)
         if by:
             recorded.extend(d.inputs)  # what the rewritten op reads
             # Recorded already (another reader asked for it, perhaps one grappler prunes,
@@ -221,11 +297,12 @@ def _input_digests(
             d.covered = True
             fused.update(d.fused)
             inside |= by
+            by_caller = by_caller or d.by_caller
             continue
         d = digest_in_graph(graph, t)
         recorded.append(d)
         per_input.append(d)
-    return recorded, per_input, fused, inside
+    return recorded, per_input, fused, inside, by_caller
 
 
 def digest_in_graph(graph: Any, tensor: Any) -> Any:
@@ -268,7 +345,7 @@ def _passed_through(graph: Any, tensor: Any) -> Any:
     take an Identity of a gradient before the update multiplies it: recording the
     intermediate there would be the second consumer that stops grappler's rewrite."""
     cache = REGISTRY.graph_cache(graph)
-    d = cache.get(tensor.name)
+    d = cache[tensor.name] if tensor.name in cache else _argument(graph, tensor)
     if isinstance(d, Deferred) and not d.done:
         cache.setdefault(_PASSED, []).append(d)
         return d
@@ -283,7 +360,7 @@ def finish_graph(graph: Any) -> None:
     cache = REGISTRY.graph_cache(graph)
     pending = cache.pop(_PASSED, None) or []
     returned: dict[int, list[Any]] = {}  # Deferred -> the graph's outputs that return it
-    first = _CALLED in cache and _RETURNS not in cache  # a tf.function body, just traced
+    first = _INLINED in cache and _RETURNS not in cache  # a body a call inlines, just traced
     to_caller = first and _nested(graph)
     for t in getattr(graph, "outputs", None) or []:
         d = cache.get(getattr(t, "name", None))
@@ -318,39 +395,45 @@ def finish_graph(graph: Any) -> None:
 
 
 def untie_outputs(graph: Any) -> None:
-    """A function's outputs do not wait for nddebug's ops. Automatic control dependencies
-    make each returned value wait (through one NoOp) for every op the function must run,
-    nddebug's records and the trace switch's read among them; once grappler inlines a
-    nested function, those waits are control edges on the caller's readers of its results,
-    and grappler does not rewrite an op that has one (a nested function returning
-    ``tanh(h) * 1.1``, squared by the loss: the constants were not folded into one product
-    and a gradient differed by 1 ULP). The records still run: they stay the function's
-    control outputs, which a function call runs. Only a tf.function's body: a loop's
-    condition and a branch run their ops for the values they return."""
-    if _INLINED not in REGISTRY.graph_cache(graph):
+    """The outputs of a nested function that its callers record (returned values grappler may
+    rewrite with their reader in the caller, see :func:`finish_graph`) do not wait for
+    nddebug's ops. Automatic control dependencies make each returned value wait (through a
+    NoOp) for every op the function must run, nddebug's records and the trace switch's read
+    among them; once grappler inlines the call, those waits are control edges on the
+    caller's readers of the value, and grappler does not rewrite an op that has one (a
+    nested function returning ``silu(h)``, squared by the loss: a gradient 1 ULP away).
+
+    Only those outputs: the waits of the others are what keeps a stateless function's
+    records running. TensorFlow inlines a PartitionedCall (a function with no stateful op
+    of the program's own) keeping only what its data outputs need, not its control outputs;
+    with every output untied, the records of such a function were dropped, and a
+    non-deterministic kernel in it (CropAndResizeGradImage in a nested function's gradient)
+    was blamed on the call, as a difference from outside TensorFlow."""
+    cache = REGISTRY.graph_cache(graph)
+    if _INLINED not in cache:
         return
     for t in getattr(graph, "outputs", None) or []:
+        d = cache.get(getattr(t, "name", None))
+        if not (isinstance(d, Deferred) and d.to_caller):
+            continue
         op = t.op
         waits = [c for c in op.control_inputs if c.type == "NoOp" and not unneeded.ours(c)]
-        if not waits:
+        if not any(unneeded.ours(x) for c in waits for x in c.control_inputs):
             continue
-        for noop in waits:
-            before = noop.control_inputs
-            keep = [c for c in before if not unneeded.ours(c)]
-            if len(keep) != len(before):
-                noop._remove_all_control_inputs()
-                noop._add_control_inputs(keep)
-        empty = [c for c in waits if not c.control_inputs]
-        if empty:
-            keep = [c for c in op.control_inputs if c not in empty]
-            op._remove_all_control_inputs()
-            op._add_control_inputs(keep)
+        keep = [c for c in op.control_inputs if c not in waits]
+        mine = [x for c in waits for x in c.control_inputs if not unneeded.ours(x)]
+        if mine:
+            from tensorflow.python.ops import control_flow_ops
+
+            with graph.as_default(), graph.control_dependencies(mine):
+                keep.append(control_flow_ops.no_op(name="waits"))
+        op._remove_all_control_inputs()
+        op._add_control_inputs(keep)
 
 
-#: Per-graph cache entries: the graph is a tf.function's body (its calls are inlined into the
-#: caller by grappler); it is that or a gradient's backward function (called the same way);
-#: which of its outputs the caller records was decided (finish_graph).
-_CALLED = "<tf.function body>"
+#: Per-graph cache entries: the graph is a tf.function's body or a gradient's backward
+#: function (its calls are inlined into the caller by grappler); which of its outputs the
+#: caller records was decided (finish_graph).
 _INLINED = "<called function>"
 _RETURNS = "<returns decided>"
 #: The modules that trace a tf.function's body, and a gradient's backward function (their
@@ -371,7 +454,7 @@ def returned_to_caller(name: Any, graph: Any) -> None:
     """Remember which of the function ``name``'s outputs its callers record (see
     :func:`finish_graph` and :func:`_from_calls`)."""
     cache = REGISTRY.graph_digests.get(graph)
-    if not cache or _CALLED not in cache:
+    if not cache or _INLINED not in cache:
         return
     out: dict[int, Deferred] = {}
     for k, t in enumerate(getattr(graph, "outputs", None) or []):
@@ -427,10 +510,7 @@ def hook_graph_ends() -> None:
         if tracer.endswith((_TRACES_FUNCTIONS, _TRACES_GRADIENTS)) and REGISTRY.graph_digests.get(
             graph
         ):
-            cache = REGISTRY.graph_cache(graph)
-            cache[_INLINED] = True
-            if tracer.endswith(_TRACES_FUNCTIONS):
-                cache[_CALLED] = True
+            REGISTRY.graph_cache(graph)[_INLINED] = True
         finish(graph)
         return graph
 
@@ -451,6 +531,9 @@ def hook_graph_ends() -> None:
         _note_instrumented(name, graph)
         _note_unused_arguments(name, graph, use)
         returned_to_caller(name, graph)
+        note_arguments_left(name, graph, use)
+        if REGISTRY.graph_digests.get(graph):
+            REGISTRY.function_keys[ops.as_str(name)] = graph_key(graph)
         return make_function(name, graph, *args, **kwargs)
 
     atomic_function.from_func_graph = from_func_graph
@@ -480,10 +563,21 @@ def _note_unused_arguments(name: Any, graph: Any, use: set[Any] | None) -> None:
     unused = frozenset(
         i
         for i, t in enumerate(inputs)
-        if not any(c in use and not unneeded.ours(c) for c in t.consumers())
+        if not any(c in use and not unneeded.ours(c) and _reads(c, t) for c in t.consumers())
     )
     if unused:
         REGISTRY.unused_arguments[ops.as_str(name)] = unused
+
+
+def _reads(op: Any, tensor: Any) -> bool:
+    """Whether ``op`` reads ``tensor``: a call reads an argument only where its function
+    does (a backward function hands a forward intermediate on to the backward function of a
+    call nested in it, which may not read it: grappler prunes it once it inlines both)."""
+    callee = _callee_of(op)
+    if not callee:
+        return True
+    unused = REGISTRY.unused_arguments.get(callee) or frozenset()
+    return any(x is tensor and i not in unused for i, x in enumerate(op.inputs))
 
 
 def _called(attrs: Any) -> str:
@@ -516,7 +610,8 @@ def _defer_in_caller(
     for t, inner in from_calls.values():
         op_id = inner.op_id
         info = REGISTRY.ops.get(op_id)
-        if info is not None and not info.note:
+        if info is not None and info.note in ("", ARGUMENT_BY_CALLER):
+            # Its record in the caller holds the call's inputs, the arguments among them.
             info.note = RECORDED_BY_CALLER
 
         def emit(t: Any = t, op_id: int = op_id, key: str = inner.key) -> tuple[Any, Any]:
@@ -549,20 +644,92 @@ def _record_value(
     return sender, digest
 
 
-def _call_inputs(callee: str, inputs: Any) -> Any:
-    """What a call's record digests: the arguments its function reads. A gradient passes its
-    forward call's intermediates to the backward function, which may not read them all (silu's
-    output, when its gradient recomputes from the input); grappler prunes such an argument
-    once it inlines the call, and then rewrites the producer with its one remaining reader
-    (oneDNN's _MklSwish, or a constant pushed down a product). A digest of it in the caller
-    was a reader the plain program does not have: an Adam step on a nested silu function
-    computed 1 ULP away from the plain one from its second call on. An argument the function
-    does not read cannot change what the call returns, so leaving it out of the source test
+def _call_inputs(callee: str, inputs: Any) -> tuple[list[Any], dict[int, tuple[str, int]]]:
+    """What a call's record digests: the arguments its function reads; and, by position in
+    that list, the op inside the function that reads each argument the function left to
+    this record (see note_arguments_left). A gradient passes its forward call's
+    intermediates to the backward function, which may not read them all (silu's output,
+    when its gradient recomputes from the input); grappler prunes such an argument once it
+    inlines the call, and then rewrites the producer with its one remaining reader (oneDNN's
+    _MklSwish, or a constant pushed down a product). A digest of it in the caller was a
+    reader the plain program does not have: an Adam step on a nested silu function computed
+    1 ULP away from the plain one from its second call on. An argument the function does
+    not read cannot change what the call returns, so leaving it out of the source test
     loses nothing."""
-    unused = REGISTRY.unused_arguments.get(callee) if callee else None
-    if not unused:
-        return inputs
-    return [t for i, t in enumerate(inputs) if i not in unused]
+    if not callee:
+        return list(inputs), {}
+    unused = REGISTRY.unused_arguments.get(callee) or frozenset()
+    left = REGISTRY.arguments_left.get(callee) or {}
+    kept = [i for i in range(len(inputs)) if i not in unused]
+    readers = {j: left[i] for j, i in enumerate(kept) if i in left}
+    return [inputs[i] for i in kept], readers
+
+
+def note_arguments_left(name: Any, graph: Any, use: set[Any] | None = None) -> None:
+    """Remember which arguments the function ``name`` left to its callers' records (see
+    _Argument): each read by one op inside, which digested nothing in its place. The call
+    records the argument; where grappler may rewrite the caller's op that makes it with
+    that reader once it inlines the call, the call records that op's inputs instead, as a
+    reader in one graph would (_input_digests). ``use``: the ops the program needs, if
+    known (a reader TensorFlow prunes, the gradient with respect to a constant factor,
+    does not count)."""
+    cache = REGISTRY.graph_digests.get(graph)
+    pending = cache.get(DEFERRED) if cache else None
+    if not pending:
+        return
+    if use is None:
+        use = unneeded.needed(graph)
+    left: dict[int, tuple[str, int]] = {}
+    for k, t in enumerate(getattr(graph, "inputs", None) or []):
+        d = pending.get(getattr(t, "name", None))
+        if isinstance(d, _Argument) and d.covered and not d.done:
+            readers = _readers(t, use)
+            if len(readers) == 1:
+                left[k] = readers[0]
+    if left:
+        REGISTRY.arguments_left[ops.as_str(name)] = left
+
+
+def _readers(tensor: Any, use: set[Any]) -> list[tuple[str, int]]:
+    """The program's ops in ``use`` that read ``tensor``, seen through pass-through ops
+    (Identity): each as its op type and the input position it reads at."""
+    found: list[tuple[str, int]] = []
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        for c in t.consumers():
+            if unneeded.ours(c) or c not in use:
+                continue
+            if c.type == "Identity":  # removed by grappler before it rewrites
+                stack.append(c.outputs[0])
+                continue
+            for i, x in enumerate(c.inputs):
+                if x is t:
+                    found.extend(_through_call(c, i))
+    return found
+
+
+def _callee_of(op: Any) -> str:
+    """The function a graph call op that grappler inlines calls ("" for any other op)."""
+    if op.type not in _INLINED_CALLS:
+        return ""
+    try:
+        return ops.as_str(op.get_attr("f").name)
+    except Exception:  # noqa: BLE001 - no readable "f": not a call it can look into
+        return ""
+
+
+def _through_call(op: Any, i: int) -> list[tuple[str, int]]:
+    """Who reads input ``i`` of ``op`` once grappler inlines it: for a call of a function
+    that left that argument to its callers, the op inside that reads it; none where the
+    function does not read it; else the op itself."""
+    callee = _callee_of(op)
+    if not callee:
+        return [(op.type, i)]
+    if i in (REGISTRY.unused_arguments.get(callee) or ()):
+        return []
+    inner = (REGISTRY.arguments_left.get(callee) or {}).get(i)
+    return [inner] if inner is not None else [(op.type, i)]
 
 
 _stateful_hooked = False
@@ -1159,12 +1326,16 @@ def instrument_op(
         readable_out: list[Any] = []
     else:
         v1 = is_v1_graph(graph)
+        by_caller = False
         if op_type in SHAPE_ONLY_OPS:
             in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
         else:
-            in_digests, per_input, fused_with, inside = _input_digests(
-                graph, "" if v1 else op_type, _call_inputs(callee, inputs), op.device or ""
+            args, readers = _call_inputs(callee, inputs)
+            in_digests, per_input, fused_with, inside, by_caller = _input_digests(
+                graph, "" if v1 else op_type, args, op.device or "", readers
             )
+        if by_caller and not note:
+            note = ARGUMENT_BY_CALLER
         rewritable = rewrites.may_fuse(op_type, op.device or "", inside)
         if not v1:  # a TF1 op may have run already: it must not change
             digests_first(op, inputs, per_input, rewritable)
@@ -1234,6 +1405,8 @@ def instrument_op(
         # What can be said of it without seeing it run (a random op inside), as for an
         # eager call of such a function.
         info.attrs["ops_inside"] = list(opaque.ops_inside(callee))
+    elif callee in REGISTRY.function_keys:
+        info.attrs["callee_key"] = REGISTRY.function_keys[callee]
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info
         if payload:
@@ -1277,6 +1450,7 @@ def instrument_op(
         # Recorded once an op it does not fuse with reads it (see Deferred).
         deferred = Deferred(op_type, in_digests, emit, key, fused_with, inside, out_tensors[0])
         deferred.op_id = op_id
+        deferred.by_caller = info.note == ARGUMENT_BY_CALLER
         cache = REGISTRY.graph_cache(graph)
         cache[out_tensors[0].name] = deferred
         cache.setdefault(DEFERRED, {})[out_tensors[0].name] = deferred

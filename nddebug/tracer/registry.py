@@ -29,6 +29,15 @@ class OpRegistry:
         # Function name -> its outputs (by position) that its callers record: values grappler
         # may rewrite with their reader in the caller (instrument.finish_graph).
         self.returned_deferred: dict[str, dict[int, Any]] = {}
+        # Function name -> its arguments (by position) that it leaves to its callers' records,
+        # with the op type and input position of the one op inside that reads each: the
+        # caller folds the argument's own inputs into the call's record where grappler may
+        # rewrite its producer with that reader (instrument.note_arguments_left).
+        self.arguments_left: dict[str, dict[int, tuple[str, int]]] = {}
+        # Function name -> the key of its graph (instrument.graph_key): a call op names the
+        # graph whose ops it runs (OpInfo.attrs["callee_key"]), for the analysis of the ops
+        # that leave an argument to the call's record.
+        self.function_keys: dict[str, str] = {}
         self.xla_graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # seen, not instrumented
         # Names of graphs compiled by XLA (traced in an XLA context, or made into a function
         # with _XlaMustCompile): their backward graphs, "__backward_<name>_<uid>", are too.

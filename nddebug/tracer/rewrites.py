@@ -189,3 +189,16 @@ def fuses(
         for name, at, start in _index(_applies(device)).get((producer, consumer), ())
         if (at is None or at == position) and (start or name in inside)
     )
+
+
+def consumes(consumer: str, position: int, device: str) -> frozenset[str]:
+    """The rewrites in which ``consumer``, reading some op's output at input ``position``, is
+    a pattern's reader (empty: none): what an op reading a function's argument may be
+    rewritten in once the call is inlined, whatever the caller makes the argument with."""
+    return frozenset(
+        name
+        for (_, c), uses in _index(_applies(device)).items()
+        if c == consumer
+        for name, at, _ in uses
+        if at is None or at == position
+    )
