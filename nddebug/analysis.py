@@ -64,6 +64,7 @@ class OpFinding:
     frac_differing: float | None = None
     scale: float | None = None  # the largest finite |x| of the op's outputs
     rel_diff: float | None = None  # max |Δ| / max |x|, the figure the report sorts sources by
+    unmeasured: str = ""  # why a source has no magnitudes although capture runs were made
     # Every execution of the op that differed (or ran in some runs only), sources or not.
     divergent_units: list[Unit] = field(default_factory=list)
 

@@ -46,6 +46,7 @@ COLUMNS = [
     "scale",
     "rel_diff",
     "frac_differing",
+    "unmeasured",
     "known_cause",
     "evidence",
     "fix",
@@ -482,6 +483,7 @@ def _row(f: Any) -> dict[str, Any]:
         "scale": f.scale,
         "rel_diff": f.rel_diff,
         "frac_differing": f.frac_differing,
+        "unmeasured": f.unmeasured,
         "known_cause": known,
         "evidence": evidence,
         "fix": fix,
@@ -499,6 +501,7 @@ def _attach_magnitudes(comparison: Comparison, captures: list[Recording]) -> Non
     divergent). Each is the largest over the op's executions and outputs; rel_diff is taken
     per output against that output's own scale, so a large output cannot hide a small one's."""
     values = unit_values(captures)
+    captured = {unit_key[1] for unit_key, _slot in values}
     for f in comparison.findings:
         measured: list[quantify.Divergence] = []
         for (unit_key, _slot), arrays in values.items():
@@ -513,6 +516,17 @@ def _attach_magnitudes(comparison: Comparison, captures: list[Recording]) -> Non
             f.scale = max(d.scale for d in measured)
             f.rel_diff = max(d.rel_diff for d in measured)
             f.frac_differing = max(d.frac_differing for d in measured)
+        elif captures and f.role == "source":
+            f.unmeasured = NOT_CAPTURED if f.key not in captured else NOT_RECURRED
+
+
+#: Why a source has no magnitudes (OpFinding.unmeasured).
+NOT_CAPTURED = (
+    "its values were not captured: it is in a function the step calls, which the capture "
+    "runs reuse as first traced, without the copies of its values (check that function "
+    "itself to measure it)"
+)
+NOT_RECURRED = "its divergence did not recur in the capture runs"
 
 
 def _sort_by_magnitude(findings: list[OpFinding]) -> None:

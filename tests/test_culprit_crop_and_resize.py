@@ -151,3 +151,9 @@ def test_the_race_in_a_stateless_nested_functions_gradient_is_named() -> None:
     with on_cpu():
         report = nddebug.check(step, features, repeats=5)
     assert list(report.sources["op_type"]) == ["CropAndResizeGradImage"], str(report)
+    # Its values are not captured (the capture runs retrace only the step, not the function
+    # it calls): said so, where the size would be, rather than an unexplained "–".
+    from nddebug.report import NOT_CAPTURED
+
+    assert list(report.sources["unmeasured"]) == [NOT_CAPTURED], str(report)
+    assert f"not measured: {NOT_CAPTURED[:40]}" in str(report), str(report)

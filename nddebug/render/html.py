@@ -503,7 +503,8 @@ def _caption(report: Report, marks: list[DivergentExecution], n: int) -> str:
     if any(m.max_ulp is None for m in marks):
         parts.append(
             "'unknown': not measured (check(quantify=False), the divergence did not recur in "
-            "the capture runs, or the op ran in some runs only)."
+            "the capture runs, the op is in a function the step calls, whose values the "
+            "capture runs do not copy, or the op ran in some runs only)."
         )
     if report.comparison.paths:
         parts.append("Dotted lines: where a run took a different path.")

@@ -148,7 +148,8 @@ def _size(row: Any) -> str:
     """The divergence in words, relative figure first ("" when it was not measured)."""
     rel = row["rel_diff"]
     if rel is None or rel != rel:
-        return ""
+        why = row.get("unmeasured") if hasattr(row, "get") else ""
+        return f"not measured: {why}" if why else ""
     return (
         f"max |Δ| {fmt_number(row['max_abs_diff'])} against the output's max |x| "
         f"{fmt_number(row['scale'])}: {fmt_number(rel)} of its scale "

@@ -371,6 +371,7 @@ def finish_graph(graph: Any) -> None:
             returned.setdefault(id(d), []).append(t)
     if first:
         cache[_RETURNS] = True  # outputs added later (a gradient's) are recorded here
+        cache[_OWN_OUTPUTS] = len(getattr(graph, "outputs", None) or [])
     if not pending:
         return
     control = getattr(graph, "control_outputs", None)
@@ -436,6 +437,9 @@ def untie_outputs(graph: Any) -> None:
 #: caller records was decided (finish_graph).
 _INLINED = "<called function>"
 _RETURNS = "<returns decided>"
+#: Per-graph cache entry: how many outputs the function returns by itself (a gradient adds
+#: the intermediates its backward function reads as more outputs, to the same graph).
+_OWN_OUTPUTS = "<own outputs>"
 #: The modules that trace a tf.function's body, and a gradient's backward function (their
 #: frames ask func_graph_from_py_func); not a branch's or a loop body's.
 _TRACES_FUNCTIONS = f"polymorphic_function{os.sep}tracing_compilation.py"
@@ -534,6 +538,9 @@ def hook_graph_ends() -> None:
         note_arguments_left(name, graph, use)
         if REGISTRY.graph_digests.get(graph):
             REGISTRY.function_keys[ops.as_str(name)] = graph_key(graph)
+            own = REGISTRY.graph_cache(graph).get(_OWN_OUTPUTS)
+            if own is not None and len(getattr(graph, "outputs", None) or []) > own:
+                REGISTRY.forward_outputs[ops.as_str(name)] = own
         return make_function(name, graph, *args, **kwargs)
 
     atomic_function.from_func_graph = from_func_graph
@@ -1281,6 +1288,12 @@ def instrument_op(
     if k_rerun:
         inputs = rerun.unfuse(graph, op, op_type, inputs)
     out_tensors = list(outputs)
+    if callee in REGISTRY.forward_outputs:
+        # A gradient's forward call: its outputs past the function's own are intermediates
+        # for the backward call, whose record holds those it reads. Recorded here too, they
+        # were readers the plain program does not have once grappler inlines both calls (the
+        # IdentityN of silu's gradient stayed, and silu * 1.3 was not rewritten as plain).
+        out_tensors = out_tensors[: REGISTRY.forward_outputs[callee]]
     note = ""
     written = ops.written_value(op_type, inputs) if not out_tensors else None
     if written is not None:

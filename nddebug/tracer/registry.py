@@ -38,6 +38,9 @@ class OpRegistry:
         # graph whose ops it runs (OpInfo.attrs["callee_key"]), for the analysis of the ops
         # that leave an argument to the call's record.
         self.function_keys: dict[str, str] = {}
+        # Forward function of a gradient ("__forward_<name>") -> how many of its outputs the
+        # function itself returns; the others are intermediates for the backward function.
+        self.forward_outputs: dict[str, int] = {}
         self.xla_graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # seen, not instrumented
         # Names of graphs compiled by XLA (traced in an XLA context, or made into a function
         # with _XlaMustCompile): their backward graphs, "__backward_<name>_<uid>", are too.
