@@ -625,16 +625,10 @@ def test_a_damaged_schema_name_that_is_not_text_is_a_recording_file_error(traced
     path.write_bytes(bytes(data))
     with pytest.raises(nddebug.RecordingFileError, match="byte 0x8e is not UTF-8"):
         nddebug.load(str(path))
+    from tests.test_cli import nddebug as nddebug_cli
+
     for command in (["report", str(path)], ["diff", str(path), str(traced_file)]):
-        done = subprocess.run(
-            [sys.executable, "-m", "nddebug", *command],
-            capture_output=True,
-            text=True,
-            env=subprocess_env(),
-            cwd=ROOT,
-            timeout=300,
-            check=False,
-        )
+        done = nddebug_cli(*command)
         assert done.returncode == 2, (command, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and str(path) in done.stderr, done.stderr
     assert path.read_bytes() == bytes(data)  # refused, and left as it was
