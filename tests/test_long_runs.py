@@ -243,10 +243,12 @@ def test_a_bad_detail_is_refused_before_anything_runs() -> None:
             raise AssertionError("the block must not run")
 
 
-def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: Any) -> None:
+def _bisect(tmp_path: Any, script_text: str) -> subprocess.CompletedProcess:
+    """``nddebug run -n 2 --bisect`` on ``script_text``, saved as a script in ``tmp_path`` and
+    run there (its files land there too)."""
     script = tmp_path / "loop.py"
-    script.write_text(_PER_PROCESS_LOOP)
-    proc = subprocess.run(
+    script.write_text(script_text)
+    return subprocess.run(
         [sys.executable, "-m", "nddebug", "run", "-n", "2", "--bisect", str(script)],
         capture_output=True,
         text=True,
@@ -254,6 +256,10 @@ def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: A
         cwd=tmp_path,
         timeout=400,
     )
+
+
+def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: Any) -> None:
+    proc = _bisect(tmp_path, _PER_PROCESS_LOOP)
     assert proc.returncode == 1, proc.stderr[-3000:]
     first, _, second = proc.stdout.partition("=== --bisect: step 41")
     assert second, proc.stdout
@@ -266,8 +272,8 @@ def test_nddebug_run_bisect_says_when_the_divergence_did_not_recur(tmp_path: Any
     """A divergence at step 41 in one process of the first pass only (the first to create a
     marker file): the second pass's two runs of that step agree. It printed a plain
     "reproducible" for them, as if the runs had never parted."""
-    script = tmp_path / "loop.py"
-    script.write_text(
+    proc = _bisect(
+        tmp_path,
         _PER_PROCESS_LOOP.replace(
             "if k == 41:",
             "if k == 41 and _first_process():",
@@ -280,15 +286,7 @@ def test_nddebug_run_bisect_says_when_the_divergence_did_not_recur(tmp_path: Any
             "        return True\n"
             "    except FileExistsError:\n"
             "        return False\n",
-        )
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--bisect", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=400,
+        ),
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # the runs did part
     first, _, second = proc.stdout.partition("=== --bisect: step 41")

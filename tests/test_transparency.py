@@ -390,10 +390,16 @@ def _nested_result_rewritten_by_the_caller() -> Workload:
     it, where it is read."""
     w = tf.Variable(tf.random.stateless_normal([16, 32], seed=[16, 17]) * 0.3)
     x = tf.random.stateless_normal([32, 16], seed=[18, 19])
+    return _nested_and_squared(tf.nn.silu, x, w)
+
+
+def _nested_and_squared(activation: Callable[[Any], Any], x: Any, w: Any) -> Workload:
+    """``activation`` as a nested tf.function of ``x @ w``, squared by the loss: the gradient
+    with respect to ``w``."""
 
     @tf.function
     def inner(h):
-        return tf.nn.silu(h)
+        return activation(h)
 
     @tf.function
     def step():
@@ -413,18 +419,7 @@ def _nested_product_in_its_gradient() -> Workload:
     is made of, and the function digests nothing in its place."""
     w = tf.Variable(tf.constant(np.random.RandomState(1).randn(16, 32).astype("float32") * 0.3))
     x = tf.constant(np.random.RandomState(0).randn(32, 16).astype("float32"))
-
-    @tf.function
-    def inner(h):
-        return tf.tanh(h) * 1.1
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(inner(x @ w) ** 2)
-        return tape.gradient(loss, w)
-
-    return step, (), [w]
+    return _nested_and_squared(lambda h: tf.tanh(h) * 1.1, x, w)
 
 
 def _nested_result_returned_twice() -> Workload:

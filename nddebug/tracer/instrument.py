@@ -212,7 +212,6 @@ class _Argument(Deferred):
         super().__init__("", [], emit, tensor.name, {}, frozenset(), tensor)
         self.fused = {}  # no op of this function stands behind it
         self.by_caller = True
-        self.readers: list[tuple[str, int]] = []  # (op type, input position) of its readers
 
 
 def _argument(graph: Any, tensor: Any) -> _Argument | None:
@@ -284,8 +283,6 @@ def _input_digests(
         elif isinstance(d, _Argument):
             # Digested in the function already (another reader): no rewrite to keep.
             by = None if d.done else rewrites.consumes(consumer, at, device)
-            if by:
-                d.readers.append((consumer, at))
         else:
             by = rewrites.fuses(d.op_type, consumer, at, device, d.inside)
         if by:
