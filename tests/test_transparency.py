@@ -422,6 +422,32 @@ def _nested_product_in_its_gradient() -> Workload:
     return _nested_and_squared(lambda h: tf.tanh(h) * 1.1, x, w)
 
 
+def _nested_function_uses_what_it_returns() -> Workload:
+    """A nested function returning ``a = silu(h) * 1.3`` and ``a @ w2``, both squared by the
+    loss, one gradient. Once grappler inlines the backward function's call, it merges the
+    function's sum of its two gradient terms with the caller's ``a + a`` into one AddN. The
+    function's AddN waited for the digest of its other term (it may take over that buffer),
+    and a control input stops the merge: 94 of 256 gradient elements were 1 ULP away."""
+    rng = np.random.RandomState(2)
+    x = tf.constant(rng.randn(64, 16).astype("float32"))
+    w1 = tf.Variable(tf.constant(rng.randn(16, 16).astype("float32") * 0.2))
+    w2 = tf.Variable(tf.constant(rng.randn(16, 8).astype("float32") * 0.2))
+
+    @tf.function
+    def inner(h):
+        a = tf.nn.silu(h) * 1.3
+        return a @ w2, a
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            out, a = inner(x @ w1)
+            loss = tf.reduce_sum(out * out) + tf.reduce_sum(a * a)
+        return tape.gradient(loss, w1)
+
+    return step, (), [w1, w2]
+
+
 def _nested_result_returned_twice() -> Workload:
     """A nested function returning one product twice (a dict with two keys), both read by
     the loss: the gradients with respect to the weights and the bias were 1 ULP away."""
@@ -516,6 +542,7 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "nested_result_rewritten_by_the_caller": _nested_result_rewritten_by_the_caller,
     "nested_product_in_its_gradient": _nested_product_in_its_gradient,
     "nested_result_returned_twice": _nested_result_returned_twice,
+    "nested_function_uses_what_it_returns": _nested_function_uses_what_it_returns,
     "functions_nested_two_deep": _functions_nested_two_deep("one"),
     "nested_forward_and_loss": _nested_forward_and_loss,
     "functions_nested_two_deep_two_callers": _functions_nested_two_deep("two"),

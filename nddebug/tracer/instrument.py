@@ -1095,6 +1095,8 @@ def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = F
         # silu's `beta * x` with beta 1 is removed: 1 ULP in the output). Ordering the
         # body's readers is left to the body's own records.
         return
+    if op.type in BITS_DEPEND_ON_FORWARDING and _sums_a_callers_value(op, inputs):
+        return
     seen = set()
     reusable = _REUSES_ONLY.get(op.type)
     for position, (t, d) in enumerate(zip(inputs, digests, strict=False)):
@@ -1111,6 +1113,24 @@ def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = F
         if any(_may_forward(t, out) for out in op.outputs):
             seen.add(d_op.name)
             op._add_control_input(d_op)
+
+
+def _sums_a_callers_value(op: Any, inputs: Any) -> bool:
+    """Whether ``op`` adds a value its caller hands in, in a function whose calls grappler
+    inlines: there it merges the op with the caller's sum of that value into one AddN (a
+    nested function returning ``a`` and using it, both squared by the loss: the gradient's
+    ``a + a`` and the function's own term), and a control input stops it (94 of 256
+    gradient elements 1 ULP away)."""
+    if not _left_to_callers(op.graph):
+        return False
+    for t in inputs:
+        for _ in range(8):  # through the Identity a gradient takes of its upstream value
+            if t.op.type not in ops.ALIAS_OPS or not t.op.inputs:
+                break
+            t = t.op.inputs[0]
+        if t.op.type == "Placeholder":
+            return True
+    return False
 
 
 def _may_forward(t: Any, out: Any) -> bool:
