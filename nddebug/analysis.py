@@ -59,6 +59,9 @@ class OpFinding:
     culprit: knowledge.Culprit | None = None
     explanation: str = ""
     entered: bool = False  # a source only because its inputs already differed on entry
+    # A loop or branch whose compared inputs were equal: the difference came in through an
+    # input nddebug cannot compare (a TensorList, a resource handle).
+    uncompared_inputs: bool = False
     max_abs_diff: float | None = None
     max_ulp: int | None = None
     frac_differing: float | None = None
@@ -380,6 +383,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     _state_propagation(findings, run_seqs)
     _fused_chains(findings)
     _arguments_from_callers(findings)
+    _loops_and_branches_carry(findings)
     _entry_point(findings)
     if any(f.role == "source" and not _call_like(f.op) for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
@@ -607,6 +611,27 @@ def _arguments_from_callers(findings: list[OpFinding]) -> None:
                 f.role = "propagated"
 
 
+#: Ops that run a loop or a branch: nddebug records the ops of their bodies, and the op
+#: itself computes nothing.
+LOOPS_AND_BRANCHES = frozenset(
+    {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"}
+)
+
+
+def _loops_and_branches_carry(findings: list[OpFinding]) -> None:
+    """A loop or a branch returns what the ops of its bodies computed, and those are recorded.
+    Seen as a source (the inputs nddebug compared were equal, the outputs were not) while no
+    op inside it is one, the difference came in through an input no digest covers: a
+    TensorList or another variant (an LSTM's gradient loop takes the upstream gradient as a
+    list), or a variable's handle. It only carries it. (Labels that differed between runs were
+    blamed on an LSTM's gradient loop, as a non-deterministic kernel.) If nothing else
+    diverged first, the entry point names where the difference was first seen."""
+    for f in findings:
+        if f.role == "source" and f.op.op_type in LOOPS_AND_BRANCHES:
+            f.role = "propagated"
+            f.uncompared_inputs = True
+
+
 def _entry_point(findings: list[OpFinding]) -> None:
     """Divergent ops but no source: the difference entered TensorFlow from outside (Python or
     NumPy values, files, iteration order that depends on PYTHONHASHSEED). The first op it
@@ -822,6 +847,15 @@ def _explain(f: OpFinding, device: str = "") -> None:
             )
         else:
             f.explanation = "differs because one of its inputs differs"
+        return
+    if f.entered and f.uncompared_inputs:
+        f.kind = "other"
+        f.explanation = (
+            "a loop or branch whose inputs that nddebug compared were equal and whose outputs "
+            "were not, with nothing inside it differing first: the difference came in through "
+            "an input it cannot compare (a TensorList or another variant, a variable's handle), "
+            "made before the block or outside TensorFlow"
+        )
         return
     if f.entered:
         f.kind = "other"

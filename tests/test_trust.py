@@ -330,6 +330,59 @@ def test_tensor_array_carries_but_is_not_a_source() -> None:
     assert len(containers) and set(containers["role"]) == {"propagated"}
 
 
+def _lstm_runs(labels: list[float]) -> nddebug.Report:
+    """One traced training step of an Embedding -> LSTM -> Dense model per run, from the same
+    weights, with the last label of each run from ``labels``."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = tf.constant(np.random.default_rng(1).integers(1, 20, (4, 5)), tf.int32)
+    emb = keras.layers.Embedding(20, 4)
+    lstm = keras.layers.LSTM(4, return_sequences=True)
+    dense = keras.layers.Dense(1)
+    emb.build((4, 5))
+    lstm.build((4, 5, 4))
+    dense.build((4, 4))
+    weights = emb.trainable_variables + lstm.trainable_variables + dense.trainable_variables
+    opt = keras.optimizers.SGD(0.1)
+    opt.build(weights)
+    state = weights + list(opt.variables)
+    start = [v.numpy() for v in state]
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            p = dense(tf.reduce_mean(lstm(emb(x)), 1))
+            loss = tf.reduce_mean((p - y) ** 2)
+        opt.apply_gradients(zip(tape.gradient(loss, weights), weights, strict=True))
+        return loss
+
+    recs = []
+    for last in labels:
+        for v, a in zip(state, start, strict=True):
+            v.assign(a)
+        with nddebug.trace() as rec:
+            step(x, tf.constant([[0.0], [1.0], [2.0], [last]]))
+        recs.append(rec)
+    return nddebug.compare(recs)
+
+
+def test_a_label_that_differs_is_not_blamed_on_the_lstm_loop() -> None:
+    """The LSTM's gradient loop takes the upstream gradient as a TensorList, which has no
+    digest: with one label differing between the runs, the loop's compared inputs were equal
+    and its outputs not, and it was named the source, "the kernel itself is
+    non-deterministic". The difference entered from Python: the first op it reached is."""
+    report = _lstm_runs([3.0, 4.0])
+    sources = [f for f in report.comparison.findings if f.role == "source"]
+    assert len(sources) == 1 and sources[0].entered, str(report)
+    assert sources[0].op.op_type not in ("While", "StatelessWhile"), str(report)
+    loops = [f for f in report.comparison.findings if f.op.op_type.endswith("While")]
+    assert loops and {f.role for f in loops} == {"propagated"}, str(report)
+    # The same labels: nothing differs (the verdict itself names the embedding's sparse
+    # update, a known CPU culprit that did not diverge).
+    assert not _lstm_runs([3.0, 3.0]).comparison.findings
+
+
 def _lookup_runs(orders: list[list[str]], eager: bool) -> nddebug.Report:
     """One traced lookup step per vocabulary order, each with its own StringLookup built
     before the block (as a script builds it, from a set whose order PYTHONHASHSEED sets)."""
