@@ -23,6 +23,7 @@ from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     CALL_OPS,
+    LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
     RECORDED_BY_CALLER,
@@ -611,13 +612,6 @@ def _arguments_from_callers(findings: list[OpFinding]) -> None:
                 f.role = "propagated"
 
 
-#: Ops that run a loop or a branch: nddebug records the ops of their bodies, and the op
-#: itself computes nothing.
-LOOPS_AND_BRANCHES = frozenset(
-    {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"}
-)
-
-
 def _loops_and_branches_carry(findings: list[OpFinding]) -> None:
     """A loop or a branch returns what the ops of its bodies computed, and those are recorded.
     Seen as a source (the inputs nddebug compared were equal, the outputs were not) while no
@@ -625,9 +619,11 @@ def _loops_and_branches_carry(findings: list[OpFinding]) -> None:
     TensorList or another variant (an LSTM's gradient loop takes the upstream gradient as a
     list), or a variable's handle. It only carries it. (Labels that differed between runs were
     blamed on an LSTM's gradient loop, as a non-deterministic kernel.) If nothing else
-    diverged first, the entry point names where the difference was first seen."""
+    diverged first, the entry point names where the difference was first seen. Not in a TF1
+    graph: Session.run records the graph's own ops, not its bodies' (docs/tf1-sessions.md),
+    so there its outputs are all nddebug saw."""
     for f in findings:
-        if f.role == "source" and f.op.op_type in LOOPS_AND_BRANCHES:
+        if f.role == "source" and f.op.op_type in LOOPS_AND_BRANCHES and f.op.graph != TF1_GRAPH:
             f.role = "propagated"
             f.uncompared_inputs = True
 

@@ -26,6 +26,11 @@ CALL_OPS = {
     "StatelessCase",
 }
 
+#: Ops of CALL_OPS that run a loop or a branch: they compute nothing themselves.
+LOOPS_AND_BRANCHES = frozenset(
+    {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"}
+)
+
 #: OpInfo.note of a variable update's record: what it holds is the variable's value after it.
 UPDATE_NOTE = "value of the variable after this update"
 #: OpInfo.note of an op whose value a nested function returned and its caller recorded (where

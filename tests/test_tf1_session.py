@@ -222,3 +222,33 @@ def test_the_seed_004_job_under_nddebug_run() -> None:
     else:
         assert "NOT reproducible — 10 runs" in out and "  1 source op(s)" in out, out
         assert "Source: ReadVariableOp (Read/ReadVariableOp) — race" in out, out
+
+
+COND_V2_NOISE = """
+import json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_eager_execution()
+tf.compat.v1.enable_control_flow_v2()  # tf.cond builds an If whose branches are functions
+x = tf.constant(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+flag = tf.compat.v1.placeholder(tf.bool, [])
+picked = tf.cond(flag, lambda: x * tf.random.uniform([3, 4]), lambda: x * 2.0)  # unseeded
+total = tf.reduce_sum(picked * 3.0)
+runs = []
+with tf.compat.v1.Session() as session:
+    for label in ("a", "b"):
+        with nddebug.trace(label=label) as rec:
+            session.run(total, {flag: True})
+        runs.append(rec)
+report = nddebug.compare(runs)
+rows = [[r.op_type, r.role, r.explanation] for r in report.culprits.itertuples()]
+print(json.dumps({"rows": rows}))
+"""
+
+
+def test_a_branch_whose_ops_a_session_does_not_record_stays_the_source() -> None:
+    """A TF1 graph's branches are functions whose ops Session.run does not record: a random
+    op inside one shows only in its If's outputs, which stays the source (elsewhere a loop or
+    branch is never one, as the ops of its bodies are recorded)."""
+    rows = run_python(COND_V2_NOISE)["rows"]
+    sources = [(t, why) for t, role, why in rows if role == "source"]
+    assert [t for t, _ in sources] == ["If"], rows
+    assert "cannot compare" not in sources[0][1] and "entered" not in sources[0][1], rows
