@@ -175,12 +175,35 @@ def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connecti
         raise RecordingFileError(f"{path}: no such recording file")
     if os.path.isdir(path):
         raise RecordingFileError(f"{path} is a folder: name a recording file in it")
+    _refuse_other_bytes(path)
     try:
         con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, check_same_thread=not threads)
         con.execute("PRAGMA foreign_keys = ON")
         return con
     except SQLITE_ERRORS as exc:
         raise RecordingFileError(f"{path}: cannot open as a recording file ({_why(exc)})") from exc
+
+
+#: The first bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _refuse_other_bytes(path: str) -> None:
+    """Refuse a file that holds bytes but is no SQLite database. SQLite itself takes a file
+    shorter than its header for an empty database, and saving then replaced it: a one-byte
+    note given as ``-o`` became a recording. Only a file of no bytes at all is empty."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise RecordingFileError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if head and head != _SQLITE_HEADER:
+        raise RecordingFileError(
+            f"{path}: exists and is not a recording (its {len(head)} first byte(s) are not an "
+            "SQLite database's); nddebug leaves it as it is"
+        )
 
 
 # ------------------------------------------------------------------ what the file holds

@@ -275,6 +275,25 @@ def test_a_table_named_like_ours_in_someone_elses_database_is_left_alone(tmp_pat
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("content", [b"\n", b"x", b"SQLite for", b"notes about the run\n"])
+def test_a_short_file_that_is_not_sqlite_is_refused_not_replaced(tmp_path, content):
+    """SQLite takes a file shorter than its header for an empty database: a one-byte note
+    given as the output was replaced by a recording. Only a file of no bytes is empty."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(nddebug.RecordingFileError, match="not a recording"):
+        small("x").save(str(path))
+    with pytest.raises(nddebug.RecordingFileError, match="not a recording"):
+        storage.check_appendable(str(path))
+    with pytest.raises(nddebug.RecordingFileError, match="not a recording"):
+        nddebug.load(str(path))
+    assert path.read_bytes() == content
+    empty = tmp_path / "empty.nddebug"
+    empty.write_bytes(b"")
+    small("x").save(str(empty))  # a file of no bytes is empty: it becomes the recording
+    assert [r.label for r in nddebug.load(str(empty))] == ["x"]
+
+
 # ------------------------------------------------------------------ damaged rows
 
 
