@@ -142,6 +142,11 @@ def _event_inputs(ev: Event) -> Any:
 
 
 UNATTRIBUTED = -1  # graph executions no recorded eager call claimed (still compared)
+#: Units of top-level ops that only other runs than the reference made count down from here,
+#: one range of _PER_RUN per run (an op that ran in run 1 only was dropped, and the read it
+#: changed was blamed instead).
+_EXTRA = -2
+_PER_RUN = 1 << 40
 
 
 def _units(rec: Recording, ref_index: dict[int, int]) -> dict[Unit, Event]:
@@ -186,6 +191,10 @@ def align(recordings: list[Recording]) -> tuple[list[dict[Unit, Event]], list[Pa
             for a, b, size in blocks:
                 for k in range(size):
                     index[eager[b + k].seq] = a + k
+            for b, e in enumerate(eager):
+                # A top-level op the reference run did not make: a unit of its own, so that
+                # it (and what it ran) is a finding of the runs that made it.
+                index.setdefault(e.seq, _EXTRA - r * _PER_RUN - b)
             if first is not None:
                 a, b = first
                 paths.append(
@@ -364,7 +373,12 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 for u in missing
             ):
                 first_only.add(key)
-        first_seq = min((ref_seq.get(u, 1 << 62) for u in chosen), default=1 << 62)
+        # A unit the reference run does not have is placed by the run that has it (the runs
+        # number their executions alike up to where they part).
+        first_seq = min(
+            (ref_seq.get(u, min(s.get(u, 1 << 62) for s in run_seqs)) for u in chosen),
+            default=1 << 62,
+        )
         findings.append(
             OpFinding(
                 key=key,

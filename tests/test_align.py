@@ -34,3 +34,41 @@ def test_a_longer_run_parts_where_the_shorter_ends() -> None:
     _, first = _matching_blocks(ref, other)
     assert first == (40, 40)
     assert len(_matched(ref, other)) == 40
+
+
+def _runs_with_an_extra_assign(extra_in: int) -> list:
+    """Two traced runs of four calls of one step; in run ``extra_in`` only, the variable the
+    step reads is assigned before the third call."""
+    import tensorflow as tf
+
+    import nddebug
+
+    v = tf.Variable(1.0)
+
+    @tf.function
+    def step(x):
+        return v.assign_add(x * v)
+
+    recs = []
+    for run in range(2):
+        v.assign(1.0)
+        with nddebug.trace() as rec:
+            for i in range(4):
+                if i == 2 and run == extra_in:
+                    v.assign(2.0)
+                step(tf.constant(0.5))
+        recs.append(rec)
+    return recs
+
+
+def test_an_op_that_only_a_later_run_made_is_a_finding() -> None:
+    """An assignment that ran in the second run only was dropped (only the reference run's
+    extra ops were units): the read it changed was named the source, the variable "changed
+    outside the traced block". Either way round, it is the op that ran in some runs only."""
+    import nddebug
+
+    for extra_in in (0, 1):
+        report = nddebug.compare(_runs_with_an_extra_assign(extra_in))
+        rows = {(f.op.op_type, f.role) for f in report.comparison.findings}
+        assert ("AssignVariableOp", "control flow") in rows, (extra_in, str(report))
+        assert not [f for f in report.comparison.findings if f.role == "source"], str(report)
