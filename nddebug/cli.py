@@ -1,7 +1,8 @@
 """The `nddebug` command: run a script in fresh processes, re-render, diff, look up culprits.
 
 Exit codes a CI job can use: 0 reproducible, 1 culprits found, 2 usage or input error,
-130 interrupted (Ctrl-C) (`census`: 0 measured, 2 usage error, 130 interrupted).
+130 interrupted (Ctrl-C), 143 stopped by SIGTERM (`census`: 0 measured, 2 usage error, 130
+interrupted or stopped).
 Every command is a thin layer over recordings, analysis and renderers.
 """
 
@@ -22,10 +23,25 @@ from nddebug.errors import NddebugError
 
 OK, FOUND, ERROR = 0, 1, 2
 INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+TERMINATED = 143  # SIGTERM, as a shell reports it
 
 
 class UsageError(NddebugError):
     """Bad arguments or input: exit code 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler's or CI runner's stop, `kill`): handled as Ctrl-C is. It
+    reaches nddebug's process alone, not its children: with no handler, the script's
+    process went on running with nothing to wait for it, and what was recorded was lost."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _stopped(exc: KeyboardInterrupt) -> int:
+    return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nddebug",
         description="Find the TensorFlow op that makes training non-reproducible.",
         epilog="Exit codes: 0 reproducible, 1 culprits found, 2 usage or input error, "
-        "130 interrupted.",
+        "130 interrupted, 143 stopped by SIGTERM.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -177,9 +193,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A reader that stops reading (`| head`, `2>&1 | head`) is not an error of the command:
     # what is left to write is dropped, the runs go on, and the exit code gives the verdict.
     sys.stdout, sys.stderr = _Unbroken(sys.stdout), _Unbroken(sys.stderr)
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _main(args)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         sys.stdout.flush()  # what print() left buffered meets a gone reader here, not at exit
         sys.stderr.flush()
         sys.stdout, sys.stderr = streams
@@ -194,11 +218,14 @@ def _main(args: argparse.Namespace) -> int:
             raise
         print(f"nddebug: error: {exc}", file=sys.stderr)
         return ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if args.debug:
             raise
-        print("nddebug: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        print(
+            "nddebug: " + ("stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"),
+            file=sys.stderr,
+        )
+        return _stopped(exc)
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -431,15 +458,16 @@ def _run(args: argparse.Namespace) -> int:
         except UsageError as exc:
             kept = _keep_partial(per_run, tmp, i, args, "before it")
             raise UsageError(f"{exc}\n{kept}" if kept else str(exc)) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             kept = _keep_partial(per_run, tmp, i, args, "so far")
+            how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
             print(
-                f"nddebug: interrupted in run {i + 1}/{args.runs}, its processes stopped: "
+                f"nddebug: {how} in run {i + 1}/{args.runs}, its processes stopped: "
                 + (kept[:1].lower() + kept[1:] if kept else "nothing was recorded, none saved."),
                 file=sys.stderr,
                 flush=True,
             )
-            return INTERRUPTED
+            return _stopped(exc)
     counts = {len(blocks) for run in per_run for blocks in run}
     if len(counts) != 1:
         saved = f" (the runs are saved in {args.output})" if args.output else ""

@@ -315,7 +315,13 @@ def test_two_blocks_saved_with_o_give_the_runs_verdict_in_report(tmp_path) -> No
     assert strip(report.stdout) == strip(result.stdout)
 
 
-def test_ctrl_c_stops_the_runs_keeps_the_finished_ones_and_exits_130(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "how"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped (SIGTERM)")],
+)
+def test_ctrl_c_or_sigterm_stops_the_runs_keeps_the_finished_ones(tmp_path, sig, code, how):
+    """Ctrl-C, and SIGTERM (a CI runner's or a scheduler's stop): SIGTERM reaches nddebug's
+    process alone, and the script's process went on running with nobody to wait for it."""
     script = _script(tmp_path, "two.py", TWO_BLOCKS)
     out = tmp_path / "kept.nddebug"
     pid_file = tmp_path / "sleeper.pid"
@@ -341,19 +347,19 @@ def test_ctrl_c_stops_the_runs_keeps_the_finished_ones_and_exits_130(tmp_path) -
                 time.sleep(0.1)
             assert "nddebug: run 1/3" in err_path.read_text()
             assert " done in " in err_path.read_text()
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             stdout, _ = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     err = err_path.read_text()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err and stdout == ""
     lines = err.splitlines()
     assert lines[-2] == f"nddebug: run 2/3: {script} … interrupted", err
     assert lines[-1] == (
-        "nddebug: interrupted in run 2/3, its processes stopped: the 4 recording(s) made so "
+        f"nddebug: {how} in run 2/3, its processes stopped: the 4 recording(s) made so "
         f"far are saved in {out}."
     )
     # The sleeping run was killed (and reaped): its process is gone.
