@@ -376,7 +376,10 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         # A unit the reference run does not have is placed by the run that has it (the runs
         # number their executions alike up to where they part).
         first_seq = min(
-            (ref_seq.get(u, min(s.get(u, 1 << 62) for s in run_seqs)) for u in chosen),
+            (
+                ref_seq[u] if u in ref_seq else min(s.get(u, 1 << 62) for s in run_seqs)
+                for u in chosen
+            ),
             default=1 << 62,
         )
         findings.append(

@@ -40,8 +40,11 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated
 
 
-def _stopped(exc: KeyboardInterrupt) -> int:
-    return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
+def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What stopped the command, in words, and its exit code."""
+    if isinstance(exc, Terminated):
+        return "stopped (SIGTERM)", TERMINATED
+    return "interrupted", INTERRUPTED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -221,11 +224,9 @@ def _main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         if args.debug:
             raise
-        print(
-            "nddebug: " + ("stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"),
-            file=sys.stderr,
-        )
-        return _stopped(exc)
+        how, code = _stopped(exc)
+        print(f"nddebug: {how}", file=sys.stderr)
+        return code
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -460,14 +461,14 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(f"{exc}\n{kept}" if kept else str(exc)) from None
         except KeyboardInterrupt as exc:
             kept = _keep_partial(per_run, tmp, i, args, "so far")
-            how = "stopped (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            how, code = _stopped(exc)
             print(
                 f"nddebug: {how} in run {i + 1}/{args.runs}, its processes stopped: "
                 + (kept[:1].lower() + kept[1:] if kept else "nothing was recorded, none saved."),
                 file=sys.stderr,
                 flush=True,
             )
-            return _stopped(exc)
+            return code
     counts = {len(blocks) for run in per_run for blocks in run}
     if len(counts) != 1:
         saved = f" (the runs are saved in {args.output})" if args.output else ""

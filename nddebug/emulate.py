@@ -412,9 +412,7 @@ def _head(
     return None if handed is None else list(handed)
 
 
-def _outputs_for(
-    op_type: Any, inputs: Any, outputs: Any, op_name: str | None, graph: Any
-) -> Any:
+def _outputs_for(op_type: Any, inputs: Any, outputs: Any, op_name: str | None, graph: Any) -> Any:
     """The emulated op's outputs, or ``outputs`` unchanged."""
     op_type = _as_str(op_type)
     if op_type not in _gpu_culprits():

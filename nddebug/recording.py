@@ -26,10 +26,9 @@ CALL_OPS = {
     "StatelessCase",
 }
 
-#: Ops of CALL_OPS that run a loop or a branch: they compute nothing themselves.
-LOOPS_AND_BRANCHES = frozenset(
-    {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"}
-)
+#: Ops of CALL_OPS that run a loop or a branch (not a function call): they compute nothing
+#: themselves.
+LOOPS_AND_BRANCHES = frozenset(CALL_OPS - {"PartitionedCall", "StatefulPartitionedCall"})
 
 #: OpInfo.note of a variable update's record: what it holds is the variable's value after it.
 UPDATE_NOTE = "value of the variable after this update"

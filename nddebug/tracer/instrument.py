@@ -1127,7 +1127,8 @@ def _sums_a_callers_value(op: Any, inputs: Any) -> bool:
         for _ in range(8):  # through the Identity a gradient takes of its upstream value
             if t.op.type not in ops.ALIAS_OPS or not t.op.inputs:
                 break
-            t = t.op.inputs[0]
+            alias = ops.ALIAS_OPS[t.op.type]
+            t = t.op.inputs[t.value_index if alias is None else alias]
         if t.op.type == "Placeholder":
             return True
     return False

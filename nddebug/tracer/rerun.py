@@ -139,9 +139,7 @@ def device_payload(original: Any, copies: list[Any]) -> list[Any]:
         if original.dtype == tf.string:
             # Copies' strings may have other lengths: compare digests, not byte views.
             mine = dg.build_digest(original, False)
-            differs = [
-                tf.reduce_any(tf.not_equal(mine, dg.build_digest(c, False))) for c in copies
-            ]
+            differs = [tf.reduce_any(tf.not_equal(mine, dg.build_digest(c, False))) for c in copies]
         else:
             a = bits(original)
             differs = [tf.reduce_any(tf.not_equal(a, bits(c))) for c in copies]
