@@ -26,6 +26,7 @@ from nddebug.recording import (
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
+    OTHER_THREADS,
     RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
@@ -437,6 +438,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 "no output: it writes state such as a table or a queue): whatever it passed "
                 "on is not seen"
             )
+    _other_threads(findings, recordings)
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -766,6 +768,25 @@ def not_compared(recordings: list[Recording]) -> list[str]:
 #: Ops that hand on a dataset's elements: a dataset's iterator, and the ops that run a
 #: dataset inside the step (``Dataset.get_single_element``, ``Dataset.reduce``).
 _PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue", "DatasetToSingleElement", "ReduceDataset")
+
+
+def _other_threads(findings: list[OpFinding], recordings: list[Recording]) -> None:
+    """Sources whose difference came in from outside what was recorded (inputs that already
+    differed, state read through a handle), in runs where other threads did TensorFlow work
+    that nddebug does not record: that work is where it may have arisen. Threads that each
+    compute a part and hand it back in the order they finish made the block's sum the source
+    "from Python or NumPy values", with advice about PYTHONHASHSEED."""
+    if not any(w.startswith(OTHER_THREADS) for r in recordings for w in r.warnings):
+        return
+    for f in findings:
+        if f.role == "source" and f.kind == "other" and (f.entered or f.op.resource):
+            f.kind = "other threads"
+            f.explanation += (
+                "; other threads did TensorFlow work during the block, which nddebug does not "
+                "record (see the warning): if they made these inputs or wrote this state, the "
+                "difference arose there (results handed back in the order the threads finish, "
+                "or an op of theirs)"
+            )
 
 
 def _data_function_writers(recordings: list[Recording]) -> dict[str, OpInfo]:

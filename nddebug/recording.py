@@ -81,6 +81,10 @@ STATE_FILLERS = re.compile(
 OPAQUE = ("uninstrumented", "xla")
 #: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
 NOT_COMPARED = "Not compared: "
+#: How the warning starts that says other threads did TensorFlow work during the block (see
+#: nddebug.tracer.threads): not recorded, so a source whose inputs or state came in from
+#: outside may have come from there.
+OTHER_THREADS = NOT_COMPARED + "TensorFlow work that other threads did during the block"
 #: The tail of the one warning a run gives for all its XLA-compiled functions.
 XLA_NOTE = (
     "XLA compiles each as a whole, so nddebug compares its inputs, its outputs and the variables "

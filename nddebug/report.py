@@ -432,6 +432,9 @@ def _row(f: Any) -> dict[str, Any]:
     if f.role == "propagated":
         known = c.mechanism if c else ""
         fix = "Fix the source op(s) above; this op only carries their difference."
+    elif f.kind == "other threads":
+        known = "not in the known list"
+        fix = knowledge.advice(f.kind)
     elif f.entered:
         known = "not in the known list"
         fix = (

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import nddebug
 from nddebug.examples import detection
-from nddebug.recording import Event, OpInfo, Recording
+from nddebug.recording import NOT_COMPARED, OTHER_THREADS, Event, OpInfo, Recording
 from nddebug.risks import describe_bound, known_risks, rule_out_bound, runs_for
 
 
@@ -765,7 +765,8 @@ def test_recording_fields_are_plain_data() -> None:
 # ----------------------------------------------------------------- threads
 def test_trace_records_only_its_own_thread() -> None:
     """A background thread calling an instrumented function during the block: its op
-    executions never land in the run, and a second block in another thread is refused."""
+    executions never land in the run, the verdict says its work was not compared, and a
+    second block in another thread is refused."""
     import threading
 
     v = tf.Variable(tf.zeros([256]))
@@ -831,7 +832,10 @@ def test_trace_records_only_its_own_thread() -> None:
         types = {rec.ops[ev.op_id].op_type for ev in rec.events}
         assert "Exp" not in types, "another thread's ops landed in the run"
     report = nddebug.compare(recs)
-    assert report.ok, str(report)
+    assert not report.comparison.findings and not report.comparison.paths, str(report)
+    assert report.verdict == "no difference seen, but not everything compared", str(report)
+    (caveat,) = report.not_compared
+    assert "other threads" in caveat and "function calls instrumented" in caveat, caveat
 
 
 def test_a_thread_the_block_waits_for_runs_its_call_at_once_and_apart() -> None:
@@ -868,9 +872,13 @@ def test_a_thread_the_block_waits_for_runs_its_call_at_once_and_apart() -> None:
     assert waited[0] < 4.0, f"the other thread's call waited {waited[0]:.1f} s"
     for rec in recs:
         assert "Exp" not in {rec.ops[ev.op_id].op_type for ev in rec.events}
-        assert not rec.warnings, rec.warnings
+    assert not recs[1].warnings, recs[1].warnings
+    # Not mixed in (that warning would say so), and not compared: said once, of that call.
+    (caveat,) = recs[0].warnings
+    assert caveat.startswith(OTHER_THREADS) and "function calls other" in caveat, caveat
     report = nddebug.compare(recs)
-    assert report.ok, str(report)
+    assert not report.comparison.findings and not report.comparison.paths, str(report)
+    assert report.not_compared == [caveat[len(NOT_COMPARED) :]], str(report)
 
 
 def test_a_call_that_waited_for_an_ended_block_is_kept_out_of_the_next() -> None:
@@ -922,7 +930,107 @@ def test_a_call_that_waited_for_an_ended_block_is_kept_out_of_the_next() -> None
     types = [rec.ops[ev.op_id].op_type for ev in rec.events]
     assert "Exp" not in types, "another thread's ops landed in the run"
     assert "Tanh" in types, types
-    assert not rec.warnings, rec.warnings
+    (caveat,) = rec.warnings  # not mixed in (that warning would say so), and not compared
+    assert caveat.startswith(OTHER_THREADS) and "function calls background" in caveat, caveat
+
+
+def test_work_on_other_threads_is_not_compared_and_said_so() -> None:
+    """A step that has threads update a variable (float additions in the order the threads
+    run): nddebug records only the block's thread, so the runs' different weights were never
+    compared, and the verdict was "reproducible". Now it says what it did not compare; the
+    same updates made on the block's thread are compared and reproducible."""
+    import threading
+
+    w = tf.Variable(tf.zeros([64]))
+    parts = [tf.fill([64], 10.0**i) for i in range(4)]
+
+    def on_threads():
+        threads = [threading.Thread(target=w.assign_add, args=(p,)) for p in parts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return tf.constant(1.0) * 2.0
+
+    def on_this_thread():
+        for p in parts:
+            w.assign_add(p)
+        return tf.constant(1.0) * 2.0
+
+    report = nddebug.check(on_threads, repeats=2)
+    assert not report.ok and not report.comparison.findings, str(report)
+    assert report.verdict == "no difference seen, but not everything compared", str(report)
+    (caveat,) = report.not_compared
+    assert "4 threads: eager ops AssignAddVariableOp" in caveat, caveat
+    assert "not everything compared" in str(report) and caveat in str(report)
+    report = nddebug.check(on_this_thread, repeats=2, state=[w])
+    assert report.ok, str(report)
+
+
+def test_results_threads_hand_back_in_finishing_order_name_the_threads() -> None:
+    """Threads each compute a part eagerly and hand it back through a queue in the order
+    they finish; the block's thread sums them. The sum was named the source "from Python or
+    NumPy values", with advice about PYTHONHASHSEED: its inputs came from the unrecorded
+    threads. The finishing order is made to differ from run to run here (each run releases
+    the threads in another order), so the runs differ every time."""
+    import itertools
+    import queue
+    import threading
+
+    parts = [tf.constant(np.float32([1e8, 3.0, -1e8, 7.0]) * k) for k in (1.0, 0.3, 7.0)]
+    orders = itertools.cycle([(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+
+    def step():
+        done: queue.Queue = queue.Queue()
+        turns = [threading.Event() for _ in parts]
+
+        def work(i):
+            turns[i].wait()
+            done.put(tf.math.sin(parts[i]) * 1e7)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(3)]
+        for t in threads:
+            t.start()
+        results = []
+        for i in next(orders):  # each thread finishes before the next is released
+            turns[i].set()
+            results.append(done.get(timeout=30))
+        for t in threads:
+            t.join()
+        total = results[0]
+        for r in results[1:]:
+            total = total + r
+        return total
+
+    report = nddebug.check(step, repeats=3)
+    assert not report.ok, str(report)
+    source = report.sources.iloc[0]
+    assert source["kind"] == "other threads", str(report)
+    assert "other threads did TensorFlow work" in source["explanation"]
+    assert "PYTHONHASHSEED" not in source["fix"] and "order they finish" in source["fix"]
+
+
+def test_tensorflow_threads_running_python_are_not_other_threads() -> None:
+    """TensorFlow's own threads run a Dataset.from_generator generator and a tf.py_function
+    body; what their code hands back enters the step through a recorded op
+    (IteratorGetNext, EagerPyFunc), so TensorFlow ops in that code are no caveat."""
+
+    def gen():
+        for i in range(3):
+            yield tf.random.stateless_normal([4], seed=[i, 1]).numpy()
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([4], tf.float32))
+
+    @tf.function
+    def step(x):
+        y = tf.py_function(lambda v: tf.sin(v) * 2.0, [x], tf.float32)
+        total = tf.reduce_sum(y)
+        for batch in ds:
+            total += tf.reduce_sum(batch)
+        return total
+
+    report = nddebug.check(step, tf.ones([4]), repeats=2)
+    assert report.ok, str(report)
 
 
 # ----------------------------------------------------------------- what is compared, more

@@ -292,7 +292,7 @@ class PreCallHook:
 
         if threading.get_ident() != rec.thread:
             # Another thread's call: not this block's, and kept out of it.
-            return rec.foreign_call(run)
+            return rec.foreign_call(run, ops.as_str(name))
         if not busy():
             fname = ops.as_str(name)
             if function_kind(fname) == "instrumented":

@@ -18,6 +18,7 @@ from nddebug.tracer.fairlock import FairRLock
 from nddebug.tracer.location import hook_autograph, library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 from nddebug.tracer.steps import StepFolder
+from nddebug.tracer.threads import ThreadWatch
 
 
 def _handed_on(outputs: Any) -> Any:
@@ -68,6 +69,8 @@ class Recorder:
         # XLA-compiled functions that ran (top level) or were traced nested inside one.
         self.xla_functions: set[str] = set()
         self.thread = threading.get_ident()
+        # What other Python threads ran meanwhile: not recorded, and said so.
+        self.other_threads = ThreadWatch(self.thread)
         # trace(path=...): where events go once a chunk's worth is held (see tracer.stream).
         self.stream: Any = None
         # Held while an instrumented call runs, so another thread's call is never in flight
@@ -119,9 +122,10 @@ class Recorder:
             self._held -= 1
             self.call_lock.release()
 
-    def foreign_call(self, call: Any) -> Any:
-        """Run another thread's function call during the block: alone (no call of this
-        block in flight), with the rows it leaves in the buffer dropped.
+    def foreign_call(self, call: Any, name: str) -> Any:
+        """Run another thread's call of function ``name`` during the block: alone (no call
+        of this block in flight), with the rows it leaves in the buffer dropped, and noted
+        as not compared (see :mod:`nddebug.tracer.threads`).
 
         Returns :data:`opaque.STALE` without running it when the block ended while the call
         waited: the call must then go through whatever block is active now (run under this
@@ -131,10 +135,12 @@ class Recorder:
             if self.stopped:
                 return opaque.STALE
             ops.warn_once(self.recording, _MIXED)
+            self.other_threads.note("call", ops.function_name(name))
             return call()
         try:
             if self.stopped:
                 return opaque.STALE
+            self.other_threads.note("call", ops.function_name(name))
             self.drain()  # what is there now is the recording thread's
             self.discarding = True
             try:
@@ -193,6 +199,7 @@ class Recorder:
                 "Run `python -m nddebug.native build` to see why; NDDEBUG_NATIVE=0 silences this "
                 "(NDDEBUG_NATIVE_GPU=0 where it is the GPU kernels).",
             )
+        self.other_threads.install()
         op_callbacks.add_op_callback(self.callback)
         concrete_function.CONCRETE_FUNCTION_CALLBACKS.append(self._on_function)
         self.session_hook.install()
@@ -203,6 +210,7 @@ class Recorder:
 
         self.session_hook.uninstall()
         op_callbacks.remove_op_callback(self.callback)
+        self.other_threads.uninstall()
         with self.call_lock:
             set_gate(False)
             transport.set_active(False)
@@ -223,6 +231,9 @@ class Recorder:
         self.eager_digests.clear()
         if self.xla_functions:
             ops.warn_once(self.recording, opaque.xla_warning(self.xla_functions))
+        elsewhere = self.other_threads.summary()
+        if elsewhere:
+            ops.warn_once(self.recording, elsewhere)
 
     def _on_function(self, function: Any) -> None:
         name = ops.as_str(function.name)
