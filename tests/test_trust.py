@@ -1033,6 +1033,26 @@ def test_tensorflow_threads_running_python_are_not_other_threads() -> None:
     assert report.ok, str(report)
 
 
+def test_a_generator_that_draws_unseeded_numbers_names_the_iterator_with_generator_advice() -> None:
+    """A Dataset.from_generator generator drawing NumPy's unseeded random numbers: the
+    iterator is the source, and its advice covers Python code in the pipeline (it named only
+    shuffles and parallel maps)."""
+
+    def gen():
+        for _ in range(4):
+            yield np.random.rand(8).astype(np.float32)
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([8], tf.float32))
+
+    def step():
+        return tf.add_n([tf.reduce_sum(x) for x in ds])
+
+    report = nddebug.check(step, repeats=2)
+    (source,) = report.sources.itertuples()
+    assert source.op_type == "IteratorGetNext", str(report)
+    assert "from_generator" in source.known_cause and "from_generator" in source.fix
+
+
 # ----------------------------------------------------------------- what is compared, more
 def _compared_at_one_and_two(step: Any) -> nddebug.Report:
     """``step`` traced on the inputs 1 and 2, the two recordings compared."""
