@@ -150,6 +150,14 @@ _EXTRA = -2
 _PER_RUN = 1 << 40
 
 
+def extra_origin(call_index: int) -> tuple[int, int] | None:
+    """For the unit of a top-level op that only a later run made: that run, and the op's
+    index among its top-level ops; None for any other unit."""
+    if call_index > _EXTRA:
+        return None
+    return divmod(_EXTRA - call_index, _PER_RUN)
+
+
 def _units(rec: Recording, ref_index: dict[int, int]) -> dict[Unit, Event]:
     """Map each event of ``rec`` to its unit, given its eager calls' indices in the reference."""
     ref_index = {**ref_index, UNATTRIBUTED: UNATTRIBUTED}
@@ -323,6 +331,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         by_key[u[1]].append(u)
 
     run_seqs = [{u: ev.seq for u, ev in pu.items()} for pu in per_run_units]
+    resources = _resource_names(recordings, per_run_units)
     ref_seq = run_seqs[0]
     findings: list[OpFinding] = []
     unreadable: set[str] = set()
@@ -330,7 +339,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     order_only: list[str] = []
     for key, units in by_key.items():
         units.sort()
-        op = _op_for(recordings, per_run_units, units[0])
+        op = _op_for(recordings, per_run_units, units[0], resources)
         missing = [u for u in units if any(u not in pu for pu in per_run_units)]
         divergent = []
         source_units = []
@@ -447,6 +456,10 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         for f in findings:
             if f.role == "propagated":
                 f.kind = first_source.kind
+    elif any(f.role == "control flow" for f in findings):
+        for f in findings:  # what only carried on a difference in the path the runs took
+            if f.role == "propagated":
+                f.kind = "control flow"
     order = {"source": 0, "control flow": 1, "propagated": 2}
     findings.sort(key=lambda f: (order[f.role], f.first_seq, f.key))
     if paths or any(f.role == "control flow" for f in findings):
@@ -710,11 +723,44 @@ def _describe(rec: Recording, eager: list[Event], i: int) -> str:
     return f"{op.op_type} at {op.location or '?'}"
 
 
-def _op_for(recordings: list[Recording], per_run_units: list[dict[Unit, Event]], u: Unit) -> OpInfo:
-    for rec, pu in zip(recordings, per_run_units, strict=False):
+def _op_for(
+    recordings: list[Recording],
+    per_run_units: list[dict[Unit, Event]],
+    u: Unit,
+    resources: list[dict[str, str]],
+) -> OpInfo:
+    """The op of unit ``u``, from the first run that made it. An op of a later run names the
+    state it uses as the reference run does (``resources``, see :func:`_resource_names`)."""
+    for r, (rec, pu) in enumerate(zip(recordings, per_run_units, strict=False)):
         if u in pu:
-            return rec.ops[pu[u].op_id]
+            op = rec.ops[pu[u].op_id]
+            if r and op.resource in resources[r]:
+                op = dataclasses.replace(op, resource=resources[r][op.resource])
+            return op
     raise KeyError(u)
+
+
+def _resource_names(
+    recordings: list[Recording], per_run_units: list[dict[Unit, Event]]
+) -> list[dict[str, str]]:
+    """Per run, its names of variables (and other state) -> the reference run's names, from
+    the ops both runs made. An eager variable is named by its handle's id, which differs
+    between processes and when a run builds its model again: an assignment only run 1 made
+    was not linked to the read of the same variable that it changed, and the read was blamed
+    ("changed outside the traced block")."""
+    ref_units = per_run_units[0]
+    names: list[dict[str, str]] = [{}]
+    for rec, pu in zip(recordings[1:], per_run_units[1:], strict=False):
+        mine: dict[str, str] = {}
+        for u, ev in pu.items():
+            theirs = ref_units.get(u)
+            if theirs is None:
+                continue
+            a, b = recordings[0].ops[theirs.op_id].resource, rec.ops[ev.op_id].resource
+            if a and b:
+                mine.setdefault(b, a)
+        names.append(mine)
+    return names
 
 
 _RANDOM_HINTS = ("Random", "Multinomial", "Stateful", "TruncatedNormal", "RngReadAndSkip")

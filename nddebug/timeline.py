@@ -51,7 +51,8 @@ class FirstDivergence:
             at = f"at op execution {self.index + 1}"
         else:
             at = f"at step {self.step} of {self.steps}"
-        text = f"the runs first part {at}, in {where}, a {self.role}"
+        role = "control-flow difference" if self.role == "control flow" else self.role
+        text = f"the runs first part {at}, in {where}, a {role}"
         if self.explanation:
             text += f": {self.explanation.rstrip('.')}"
         if self.step is not None and self.step > 1:
@@ -134,29 +135,47 @@ _ROLE_RANK = {"source": 0, "control flow": 1, "propagated": 2}
 
 
 def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstDivergence | None:
-    """The first divergent execution in the reference run, over every finding (a source, what
-    it propagated to, an op that ran in some runs only). None when nothing diverged.
+    """The first divergent execution, over every finding (a source, what it propagated to, an
+    op that ran in some runs only). None when nothing diverged.
 
     Ordered by the top-level call it ran in, then by role (within one call, graph ops record
     in an order threads decide, so a read that only propagated can arrive before the op that
-    caused it), then by arrival."""
+    caused it), then by arrival. Executions of the reference run are placed by it; a
+    top-level op that only a later run made, by that run (the runs made the same top-level
+    ops up to where they part, so its position there is the reference's): an assignment run 1
+    alone made was left out, and the read it changed named as where the runs part."""
+    from nddebug.analysis import extra_origin
+
     if not recordings or not findings:
         return None
     ref = recordings[0]
     by_seq = {ev.seq: (i, ev) for i, ev in enumerate(ref.events)}
-    ranked = []
+    ranked: list[tuple[int, int, int, Any, int, int]] = []  # (call, role, seq, f, run, index)
+    eager_of: dict[int, list[Event]] = {}
     for f in findings:
-        units = [u for u in (getattr(f, "divergent_units", None) or f.units) if u[0] >= 0]
-        if units and f.first_seq in by_seq:
-            ranked.append((min(u[0] for u in units), _ROLE_RANK.get(f.role, 3), f.first_seq, f))
+        role = _ROLE_RANK.get(f.role, 3)
+        units = getattr(f, "divergent_units", None) or f.units
+        own = [u for u in units if u[0] >= 0]
+        if own and f.first_seq in by_seq:
+            ranked.append((min(u[0] for u in own), role, f.first_seq, f, 0, by_seq[f.first_seq][0]))
+        for u in units:
+            origin = extra_origin(u[0])
+            if origin is None or origin[0] >= len(recordings):
+                continue
+            run, at = origin
+            eager = eager_of.setdefault(run, _eager(recordings[run]))
+            if at < len(eager):
+                ranked.append((at, role, eager[at].seq, f, run, 0))
     if not ranked:
         return None
-    _, _, seq, f = min(ranked, key=lambda r: r[:3])
-    index, ev = by_seq[seq]
-    steps = step_calls(ref)
+    _, _, seq, f, run, index = min(ranked, key=lambda r: r[:3])
+    rec = recordings[run]
+    if run:
+        index = next(i for i, ev in enumerate(rec.events) if ev.seq == seq)
+    steps = step_calls(rec)
     return FirstDivergence(
-        step=step_of(steps, ev.call),
-        steps=len(steps),
+        step=step_of(steps, rec.events[index].call),
+        steps=len(step_calls(ref)),
         op_type=f.op.op_type,
         op_name=f.op.op_name,
         key=f.key,

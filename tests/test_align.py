@@ -3,6 +3,8 @@ Pure: lists of keys, no TensorFlow."""
 
 from __future__ import annotations
 
+import pytest
+
 from nddebug.analysis import _matching_blocks
 
 
@@ -36,21 +38,28 @@ def test_a_longer_run_parts_where_the_shorter_ends() -> None:
     assert len(_matched(ref, other)) == 40
 
 
-def _runs_with_an_extra_assign(extra_in: int) -> list:
+def _runs_with_an_extra_assign(extra_in: int, fresh: bool = False) -> list:
     """Two traced runs of four calls of one step; in run ``extra_in`` only, the variable the
-    step reads is assigned before the third call."""
+    step reads is assigned before the third call. ``fresh``: each run builds its variable and
+    step again, as a run in another process does (its variable has another handle id)."""
     import tensorflow as tf
 
     import nddebug
 
-    v = tf.Variable(1.0)
+    def build():
+        v = tf.Variable(1.0)
 
-    @tf.function
-    def step(x):
-        return v.assign_add(x * v)
+        @tf.function
+        def step(x):
+            return v.assign_add(x * v)
 
+        return v, step
+
+    v, step = build()
     recs = []
     for run in range(2):
+        if fresh:
+            v, step = build()
         v.assign(1.0)
         with nddebug.trace() as rec:
             for i in range(4):
@@ -72,3 +81,24 @@ def test_an_op_that_only_a_later_run_made_is_a_finding() -> None:
         rows = {(f.op.op_type, f.role) for f in report.comparison.findings}
         assert ("AssignVariableOp", "control flow") in rows, (extra_in, str(report))
         assert not [f for f in report.comparison.findings if f.role == "source"], str(report)
+
+
+@pytest.mark.parametrize("extra_in", [0, 1])
+def test_an_op_only_one_run_made_is_where_runs_part_and_what_it_wrote_only_propagates(
+    extra_in: int,
+) -> None:
+    """Runs that each build their variable (another process, a model built again): the
+    assignment only run 1 made was not linked to the read of the same variable (its handle
+    id differs), so the read was named the source, "changed outside the traced block"; and
+    where the runs first part named that read, not the assignment. Now the runs part at the
+    third step, in the assignment, whichever run made it, and nothing is a source."""
+    import nddebug
+
+    report = nddebug.compare(_runs_with_an_extra_assign(extra_in, fresh=True))
+    findings = report.comparison.findings
+    assert not [f for f in findings if f.role == "source"], str(report)
+    assert {f.kind for f in findings if f.role == "propagated"} == {"control flow"}, str(report)
+    fd = report.first_divergence
+    assert fd is not None and fd.role == "control flow", fd
+    assert fd.step == 3 and fd.steps == 4, fd
+    assert fd.op_type in ("AssignVariableOp", "Const", "Fill"), fd
