@@ -307,6 +307,14 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         raise NotComparableError(
             f"comparison needs at least two recordings of the same step, got {len(recordings)}"
         )
+    ids = [r.run_id for r in recordings]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise NotComparableError(
+            f"run {twice[0][:12]} is given {ids.count(twice[0])} times: a run compared with "
+            "itself agrees by definition, so nothing would be shown. Compare recordings of "
+            "different runs (were two files that hold the same runs given, or one file twice?)"
+        )
     algorithms = {r.digest_algorithm for r in recordings}
     if len(algorithms) > 1:
         raise NotComparableError(

@@ -278,9 +278,37 @@ def integrity_problem(rows: list[tuple[Any, ...]]) -> str:
     return " ".join(shown) or "no answer"
 
 
+def _cut_short(con: sqlite3.Connection, path: str) -> str:
+    """How a file is shorter than the pages it holds ("" if it is not). SQLite reads the
+    missing end of its last page as zeros: a recording cut by a few bytes passed the
+    quick check (it does not compare an index with its table), and the index it lost made
+    its runs load with no events."""
+    if os.path.exists(path + "-wal"):
+        return ""  # pages past the end of the file may be in the write-ahead log
+    # Read under one read transaction: another process's commit cannot change the file
+    # between the page count and the size (six processes saving at once saw one).
+    own = not con.in_transaction
+    if own:
+        con.execute("BEGIN")
+    try:
+        page_size = con.execute("PRAGMA page_size").fetchone()[0]
+        pages = con.execute("PRAGMA page_count").fetchone()[0]
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # holds the read lock
+        size = os.path.getsize(path)
+    except OSError:
+        return ""
+    finally:
+        if own:
+            con.rollback()
+    if size >= pages * page_size:
+        return ""
+    return f"it holds {size:,} bytes of the {pages * page_size:,} of its {pages} pages"
+
+
 def _check_format(con: sqlite3.Connection, path: str, writing: bool = False) -> None:
     try:
         problem = integrity_problem(con.execute("PRAGMA quick_check").fetchall())
+        problem = problem or _cut_short(con, path)
         if problem:
             raise RecordingFileError(
                 f"{path}: the file is damaged ({problem}); it may be truncated"

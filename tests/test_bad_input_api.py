@@ -138,3 +138,28 @@ def test_many_repeats_keep_one_copy_of_runs_that_match(monkeypatch: Any) -> None
     assert "RandomUniform" in set(report.sources["op_type"])
     assert any("6 repeat(s)" in w and "left out" in w for w in report.warnings), report.warnings
     assert "left out of the comparison" in str(report)
+
+
+def test_a_run_compared_with_itself_is_refused(tmp_path: Any) -> None:
+    """`nddebug diff a.nddebug a.nddebug`, or one run passed twice, said "reproducible" with
+    the bound of two clean runs: a run agrees with itself by definition."""
+    import subprocess
+    import sys
+
+    from tests.helpers import subprocess_env
+
+    recs = _runs()
+    with pytest.raises(nddebug.NotComparableError, match="given 2 times"):
+        nddebug.compare([recs[0], recs[1], recs[0]])
+    assert nddebug.compare(recs).ok  # two runs of their own
+    path = str(tmp_path / "runs.nddebug")
+    for rec in recs:
+        rec.save(path)
+    out = subprocess.run(
+        [sys.executable, "-m", "nddebug", "diff", path, path],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert out.returncode == 2 and "compared with itself" in out.stderr, out.stderr[-2000:]

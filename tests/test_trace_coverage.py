@@ -84,8 +84,11 @@ def test_eager_ops_have_user_locations_and_input_digests() -> None:
     op = rec.ops[ev.op_id]
     assert "test_trace_coverage.py" in op.location
     from nddebug.digest import digest_numpy
+    from nddebug.tracer.eager import input_shapes
 
-    assert ev.inputs == [digest_numpy(x.numpy())]
+    # Its input's digest, then its inputs' shapes (the same bytes in another shape differ).
+    assert ev.inputs == [digest_numpy(x.numpy()), input_shapes([x])]
+    assert ev.inputs[-1] != input_shapes([tf.reshape(x, [2, 3])])
     assert ev.digests == [digest_numpy(y.numpy())]
 
 

@@ -535,8 +535,47 @@ def _nested_forward_and_loss() -> Workload:
     return step, (), [w1, w2]
 
 
+def _conv_batch_norm_inference(train: bool) -> Callable[[], Workload]:
+    """Conv2D into FusedBatchNorm in inference (tf.compat.v1 / tf_keras BatchNormalization
+    with fused=True, frozen or at inference). Grappler fuses the two while FusedBatchNorm's
+    side outputs are unread; nddebug digested them, and the traced step was 4.77e-07 off.
+    ``train``: fine-tuning through the frozen layer (its gradient reads the side outputs)."""
+
+    def make() -> Workload:
+        rng = np.random.RandomState(0)
+        x = tf.constant(rng.randn(8, 16, 16, 8).astype("float32"))
+        k = tf.Variable(rng.randn(3, 3, 8, 16).astype("float32") * 0.1)
+        mean = tf.constant(rng.randn(16).astype("float32"))
+        var = tf.constant(rng.rand(16).astype("float32") + 0.5)
+        gamma = tf.Variable(tf.ones([16]))
+
+        def forward():
+            y = tf.nn.conv2d(x, k, 1, "SAME")
+            out = tf.compat.v1.nn.fused_batch_norm(
+                y, gamma, tf.zeros([16]), mean, var, is_training=False
+            )
+            return tf.nn.relu(out[0])
+
+        @tf.function
+        def step():
+            if not train:
+                return forward()
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(forward()))
+            gk, gg = tape.gradient(loss, [k, gamma])
+            k.assign_sub(1e-3 * gk)
+            gamma.assign_sub(1e-3 * gg)
+            return loss
+
+        return step, (), [k, gamma]
+
+    return make
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "silu_then_cond": _silu_then_cond,
+    "conv_batch_norm_inference": _conv_batch_norm_inference(train=False),
+    "frozen_batch_norm_fine_tuning": _conv_batch_norm_inference(train=True),
     "nested_function_silu": _nested_function_silu,
     "nested_function_optimizer_step": _nested_function_optimizer_step,
     "nested_result_rewritten_by_the_caller": _nested_result_rewritten_by_the_caller,

@@ -1053,6 +1053,30 @@ def test_a_generator_that_draws_unseeded_numbers_names_the_iterator_with_generat
     assert "from_generator" in source.known_cause and "from_generator" in source.fix
 
 
+def test_the_same_bytes_in_another_shape_entered_from_python() -> None:
+    """The same six numbers arrive from NumPy as 2x3 in one run and 3x2 in the other: the
+    concat's inputs looked identical (a digest is over bytes), so it was named the source
+    with "the kernel itself is non-deterministic" and the advice to report it to
+    TensorFlow. Its inputs differed when they entered TensorFlow; the same layout in every
+    run stays reproducible."""
+    import itertools
+
+    def make(layouts):
+        calls = itertools.count()
+
+        def step():
+            a = np.arange(6, dtype=np.float32).reshape(layouts[next(calls) % 2])
+            return tf.reduce_sum(tf.concat([a, a], 0))
+
+        return step
+
+    report = nddebug.check(make([(3, 2), (2, 3)]), repeats=2)
+    (source,) = report.sources.itertuples()
+    assert source.op_type == "ConcatV2" and source.kind == "other", str(report)
+    assert "entered TensorFlow" in source.explanation, source.explanation
+    assert nddebug.check(make([(3, 2), (3, 2)]), repeats=2).ok
+
+
 # ----------------------------------------------------------------- what is compared, more
 def _compared_at_one_and_two(step: Any) -> nddebug.Report:
     """``step`` traced on the inputs 1 and 2, the two recordings compared."""

@@ -7,6 +7,7 @@ events that arrived while it ran are attributed to it.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,17 @@ def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
         fn = dg.eager_digest_fn(dtype, tuple(tensor.shape), dg.use_matmul_for(device))
         values = fn(tensor).numpy()
     return int(values[0]), int(values[1])
+
+
+def input_shapes(inputs: Any) -> dg.Digest:
+    """The shapes of an eager op's inputs as one more input digest (the last): a digest is
+    over bytes, and an input that entered from Python (a NumPy array) with the same bytes in
+    another shape made the op's inputs look identical, so the op was named a source, "the
+    kernel itself is non-deterministic". (Graph ops need none: a shape that differs there
+    comes from a tensor, which is compared.)"""
+    text = ";".join(",".join(map(str, getattr(t, "shape", ()))) for t in inputs)
+    code = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(code, "little", signed=True), -1
 
 
 def read_variable(handle: Any, dtype: Any) -> Any:
@@ -112,6 +124,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
                 rec.eager_digests[out._id] = _digest(rec, src)
         return
     in_digests = [d for d in (_digest(rec, t) for t in inputs) if d is not None]
+    if inputs:
+        in_digests.append(input_shapes(inputs))
     out_tensors = list(outputs)
     note = ""
     function = opaque.function_kind(op_type) if ops.FUNCTION_CALL.match(op_type) else ""

@@ -1374,6 +1374,21 @@ def instrument_op(
         if from_calls:  # recorded where they are read (see _from_calls), not by the call
             out_tensors = [t for i, t in enumerate(out_tensors) if i not in from_calls]
             _defer_in_caller(rec, graph, from_calls, in_digests)
+        copies = ops.input_copies(op_type, attrs) if out_tensors == list(outputs) else {}
+        if copies:
+            # Copies of inputs (see ops.INPUT_COPIES): compared as those inputs, where
+            # something reads them; not read by this op's record.
+            for i, j in copies.items():
+                if j is None:
+                    cache.setdefault(_UNDEFINED, set()).add(outputs[i].name)
+                else:
+                    cache[outputs[i].name] = _passed_through(graph, inputs[j])
+            out_tensors = [t for i, t in enumerate(out_tensors) if i not in copies]
+            note = note or (
+                f"outputs {', '.join(str(i) for i in copies)} are copies of its inputs "
+                f"({ops.INPUT_COPIES[op_type][0][0]}={ops.INPUT_COPIES[op_type][0][1]}): "
+                "compared as those inputs"
+            )
         fused = _fused_lib(rec, graph, out_tensors, k_rerun)
         defer = (
             not v1

@@ -24,6 +24,35 @@ ALIAS_OPS = {
     "ExpandDims": 0,
     "Squeeze": 0,
 }
+# Outputs that are inputs' bytes under an attribute value: output position -> the input it
+# copies (None: an empty output). FusedBatchNorm in inference (is_training=False) hands back
+# its mean and variance inputs as batch_mean, batch_variance and reserve_space_1/2, and an
+# empty reserve_space_3 (measured, TF 2.21 CPU: bitwise equal, in eager and graph calls).
+# Digested there, they were readers that stopped grappler's Conv2D + FusedBatchNorm fusion,
+# which needs them unread: the traced step computed other bits than the plain one.
+_FBN_COPIES = {1: 3, 2: 4, 3: 3, 4: 4}
+INPUT_COPIES: dict[str, tuple[tuple[str, Any], dict[int, int | None]]] = {
+    "FusedBatchNorm": (("is_training", False), _FBN_COPIES),
+    "FusedBatchNormV2": (("is_training", False), _FBN_COPIES),
+    "FusedBatchNormV3": (("is_training", False), {**_FBN_COPIES, 5: None}),
+}
+
+
+def input_copies(op_type: str, attrs: Any) -> dict[int, int | None]:
+    """The outputs of an op that copy one of its inputs with these attributes (see
+    INPUT_COPIES): output position -> input position (None: empty); {} for none."""
+    entry = INPUT_COPIES.get(op_type)
+    if entry is None:
+        return {}
+    (name, want), copies = entry
+    value = attr(attrs, name)
+    which = getattr(value, "WhichOneof", None)  # an AttrValue, or a plain value
+    if which is not None:
+        kind = which("value")
+        value = getattr(value, kind) if kind else None
+    return copies if value == want else {}
+
+
 # Ops with nothing to digest. A Python function's call (tf.py_function, tf.numpy_function:
 # EagerPyFunc, PyFunc) is an op like any other, eagerly and in graphs: what the Python code
 # returned (NumPy's random, the clock, a file) is compared through its outputs, so a call
