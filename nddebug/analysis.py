@@ -218,6 +218,38 @@ def align(recordings: list[Recording]) -> tuple[list[dict[Unit, Event]], list[Pa
     return per_run_units, paths
 
 
+def _as_far_as_all_ran(
+    recordings: list[Recording],
+    per_run_units: list[dict[Unit, Event]],
+    paths: list[PathDivergence],
+) -> tuple[list[dict[Unit, Event]], list[PathDivergence]]:
+    """Runs compared as far as every one ran: a run cut short (Ctrl-C, an exception inside
+    the block: status "interrupted") ends after its last complete top-level op, so the
+    other runs' later ones, and the graph executions no call claimed (those of the call it
+    was cut in), are left out of every run. The complete run's tail was "ran in some runs
+    only": 105 control-flow rows and "NOT reproducible" for runs that agreed bit for bit as
+    far as both went."""
+    lengths = [
+        max((u[0] for u in pu if u[0] >= 0), default=-1) + 1
+        for rec, pu in zip(recordings, per_run_units, strict=False)
+        if rec.status == "interrupted"
+    ]
+    if not lengths:
+        return per_run_units, paths
+    cut = min(lengths)
+
+    def kept(u: Unit) -> bool:
+        if u[0] >= 0:
+            return u[0] < cut
+        origin = extra_origin(u[0])
+        return origin is not None and origin[1] < cut
+
+    return (
+        [{u: ev for u, ev in pu.items() if kept(u)} for pu in per_run_units],
+        [p for p in paths if p.position < cut],
+    )
+
+
 def run_signature(rec: Recording) -> str:
     """A hash of everything the comparison reads from a run: each op execution's op, the
     position of the call it ran in, its digests, input digests and shapes. Two runs with the
@@ -301,6 +333,45 @@ def not_rerun(rec: Recording) -> dict[str, list[str]]:
     return {reason: sorted(types) for reason, types in sorted(out.items())}
 
 
+#: Ops whose values can differ between runs by themselves, whatever their inputs: random
+#: ops, a dataset's iterator, Python code, the clock. Rerun mode cannot re-execute them
+#: (they change state when run), so it cannot see whether they would.
+_VARY_BY_THEMSELVES = ("EagerPyFunc", "PyFunc", "PyFuncStateless", "Timestamp")
+
+
+def rerun_blind(rec: Recording) -> list[str]:
+    """What a rerun recording could not compare, as not-compared lines: ops that can differ
+    by themselves and were not re-executed (see :data:`_VARY_BY_THEMSELVES`), and ops in
+    functions traced before the block, which have no copies to re-run. A step with an
+    unseeded random op was "reproducible" in rerun mode and not in repeated runs."""
+    out = []
+    missed = not_rerun(rec)
+    varying = sorted(
+        {
+            t
+            for types in missed.values()
+            for t in types
+            if any(h in t for h in (*_RANDOM_HINTS, *_PIPELINE_HINTS, *_VARY_BY_THEMSELVES))
+        }
+    )
+    if varying:
+        out.append(
+            "ops that give other values from one run to the next by themselves ("
+            + ", ".join(varying)
+            + ") ran, and rerun mode cannot re-execute them (running them again changes their "
+            "state): repeat the step (check()'s default mode) to compare them"
+        )
+    before = [reason for reason in missed if reason.startswith("traced before")]
+    if before:
+        out.append(
+            "ops of functions traced before the rerun block ("
+            + ", ".join(missed[before[0]][:6])
+            + (" …" if len(missed[before[0]]) > 6 else "")
+            + "): their graphs have no copies to re-run"
+        )
+    return out
+
+
 def compare_recordings(recordings: list[Recording]) -> Comparison:
     """Align and classify; the first recording is the reference."""
     if len(recordings) < 2:
@@ -332,6 +403,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             "step itself inside nddebug.trace() / the function given to nddebug.check()."
         )
     per_run_units, paths = align(recordings)
+    per_run_units, paths = _as_far_as_all_ran(recordings, per_run_units, paths)
 
     all_units = set().union(*per_run_units)
     by_key: dict[str, list[Unit]] = defaultdict(list)
@@ -357,6 +429,12 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 continue
             outs = [_identity(pu[u]) for pu in per_run_units]
             ins = [_event_inputs(pu[u]) for pu in per_run_units]
+            # A graph op's attribute values (OpInfo.attrs["form"]) are inputs too: a function
+            # traced again with another Python value (alpha=) has the same op, other attrs.
+            forms = {
+                rec.ops[pu[u].op_id].attrs.get("form")
+                for rec, pu in zip(recordings, per_run_units, strict=False)
+            }
             if len(set(outs)) == 1:
                 if not (_unreadable(per_run_units[0][u], op) and len(set(ins)) > 1):
                     continue
@@ -368,7 +446,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 continue
             divergent.append(u)
             differing_runs.update(r for r, o in enumerate(outs) if o != outs[0])
-            if None not in ins and len(set(ins)) == 1:
+            if None not in ins and len(set(ins)) == 1 and len(forms) == 1:
                 source_units.append(u)
         if divergent and key not in unreadable and _same_multiset(per_run_units, divergent):
             order_only.append(key)
@@ -949,8 +1027,9 @@ def _explain(f: OpFinding, device: str = "") -> None:
         f.kind = "other"
         f.explanation = (
             "the first TensorFlow op the difference reached: its inputs already differed when "
-            "they entered TensorFlow (Python or NumPy values, file order, set or dict iteration "
-            "order that depends on PYTHONHASHSEED, time)"
+            "they entered TensorFlow (Python or NumPy values, an attribute Python gave the op "
+            "such as alpha= or strides=, file order, set or dict iteration order that depends "
+            "on PYTHONHASHSEED, time)"
         )
         return
     if op.function in OPAQUE:
@@ -986,6 +1065,16 @@ def _explain(f: OpFinding, device: str = "") -> None:
             "the variable's value after the step differs, but no traced op explains it: it was "
             "updated inside a function that ran uninstrumented (traced before the block, or "
             "XLA-compiled), or the runs started from different values"
+        )
+        return
+    if op.attrs.get("races_with") and op.note == UPDATE_NOTE:
+        f.culprit = None
+        f.kind = "unordered updates"
+        f.explanation = (
+            f"updates a variable that {', '.join(op.attrs['races_with'])} also updates in the "
+            "same Session.run, with no data or control dependency between them: they run in "
+            "whatever order the threads take, and the value left depends on it (a float sum "
+            "in another order rounds differently)"
         )
         return
     if op.attrs.get("races_with"):

@@ -18,6 +18,7 @@ from nddebug.analysis import (
     expand_reruns,
     not_compared,
     not_rerun,
+    rerun_blind,
     unit_values,
 )
 from nddebug.errors import NotComparableError
@@ -249,8 +250,10 @@ class Report:
     @property
     def not_compared(self) -> list[str]:
         """What could have differed but was not compared (e.g. TF1 graph ops, variables of a
-        function called inside a graph but traced before the block): each keeps ``ok`` False."""
-        return not_compared(self.recordings)
+        function called inside a graph but traced before the block; in rerun mode, ops it
+        cannot re-execute that can differ by themselves): each keeps ``ok`` False."""
+        blind = rerun_blind(self.recordings[0]) if self.mode == "rerun" and self.recordings else []
+        return not_compared(self.recordings) + blind
 
     @property
     def verdict(self) -> str:

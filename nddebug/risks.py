@@ -51,6 +51,14 @@ def _device(op: Any, env: dict[str, Any]) -> str:
     return env.get("emulated_device") or op.device or ",".join(env.get("devices", []))
 
 
+#: The knowledge base's entry for ops a TF1 Session.run leaves unordered.
+RACE_TOPIC = "TF1 graphs / Session thread order"
+
+
+def _race_culprit() -> knowledge.Culprit | None:
+    return next((c for c in knowledge.culprits() if c.topic == RACE_TOPIC), None)
+
+
 def known_risks(
     recordings: list[Recording], findings: list[Any], executed: frozenset[int] | None = None
 ) -> list[Risk]:
@@ -74,6 +82,21 @@ def known_risks(
             # The op, then the kernels recorded with it as one unit (OpInfo.fused): they ran
             # too, their outputs were only not digested apart; a key names each.
             members = [(op.key, op.op_type, op.op_name), *((k, t, k) for k, t in op.fused.items())]
+            if op.attrs.get("races_with") and op.key not in seen and _race_culprit():
+                # A TF1 read or update that no path orders with a write of its variable in
+                # the same Session.run (tracer.session): runs where it did not show are not
+                # shown reproducible, whatever the thread order was in them.
+                seen[op.key] = Risk(
+                    op_type=op.op_type,
+                    op_name=op.op_name,
+                    key=op.key,
+                    location=op.location,
+                    device=device,
+                    observed=op.key in diverged,
+                    applies=True,
+                    culprit=_race_culprit(),
+                )
+                continue
             for key, op_type, name in members:
                 if key in seen:
                     continue

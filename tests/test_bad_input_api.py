@@ -163,3 +163,37 @@ def test_a_run_compared_with_itself_is_refused(tmp_path: Any) -> None:
         timeout=300,
     )
     assert out.returncode == 2 and "compared with itself" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cut_first", [False, True])
+def test_a_run_cut_short_is_compared_as_far_as_it_ran(cut_first: bool) -> None:
+    """A run stopped by Ctrl-C after 3 of 6 steps: the complete run's last 3 steps "ran in
+    some runs only", and runs that agreed bit for bit as far as both went were "NOT
+    reproducible" with control-flow rows. A difference within the common steps still is."""
+    v = tf.Variable(tf.ones([32]))
+
+    @tf.function
+    def step(x):
+        v.assign(tf.tanh(v * x) + 0.5)
+        return tf.reduce_sum(v)
+
+    def run(steps: int, noise: float = 0.0) -> nddebug.Recording:
+        v.assign(tf.ones([32]))
+        try:
+            with nddebug.trace() as rec:
+                for i in range(6):
+                    if i == steps:
+                        raise KeyboardInterrupt
+                    step(tf.fill([32], 1.0 + (noise if i == 1 else 0.0)))
+        except KeyboardInterrupt:
+            pass
+        return rec
+
+    full, cut = run(6), run(3)
+    assert cut.status == "interrupted"
+    report = nddebug.compare([cut, full] if cut_first else [full, cut])
+    assert not report.comparison.findings and not report.comparison.paths, str(report)
+    assert report.verdict == "no difference seen, but not everything compared", str(report)
+    differs = nddebug.compare([run(6), run(3, noise=0.25)])
+    assert differs.verdict == "NOT reproducible", str(differs)
+    assert differs.first_divergence.step == 2, differs.first_divergence

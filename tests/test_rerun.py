@@ -101,6 +101,28 @@ def test_eager_rerun_in_trace_measures_and_lists_unseeded_random_op(tmp_path) ->
     assert list(again.sources["op_type"]) == ["CropAndResizeGradImage"]
 
 
+def test_rerun_mode_says_what_it_cannot_re_execute() -> None:
+    """An unseeded random op feeding an update: rerun mode cannot run it again (that changes
+    its state) and said "reproducible", while repeated steps differ (RandomUniform). It says
+    what it did not compare; the same step without the random op stays reproducible."""
+    w = tf.Variable(tf.zeros([8]))
+
+    @tf.function
+    def noisy(x):
+        w.assign_add(x * tf.random.uniform([8]))
+        return tf.reduce_sum(w)
+
+    @tf.function
+    def clean(x):
+        w.assign_add(x * 0.5)
+        return tf.reduce_sum(w)
+
+    report = nddebug.check(noisy, tf.ones([8]), state=[w], mode="rerun")
+    assert report.verdict == "no difference seen, but not everything compared", str(report)
+    assert any("RandomUniform" in line for line in report.not_compared), report.not_compared
+    assert nddebug.check(clean, tf.ones([8]), state=[w], mode="rerun").ok
+
+
 def test_rerun_of_a_deterministic_graph_is_ok_and_copies_are_not_merged() -> None:
     @tf.function
     def f(a: tf.Tensor) -> tf.Tensor:

@@ -84,11 +84,13 @@ def test_eager_ops_have_user_locations_and_input_digests() -> None:
     op = rec.ops[ev.op_id]
     assert "test_trace_coverage.py" in op.location
     from nddebug.digest import digest_numpy
-    from nddebug.tracer.eager import input_shapes
+    from nddebug.tracer.eager import input_form
 
-    # Its input's digest, then its inputs' shapes (the same bytes in another shape differ).
-    assert ev.inputs == [digest_numpy(x.numpy()), input_shapes([x])]
-    assert ev.inputs[-1] != input_shapes([tf.reshape(x, [2, 3])])
+    # Its input's digest, then its inputs' shapes and its attributes (the same bytes in
+    # another shape, or another attribute, are other inputs).
+    assert ev.inputs == [digest_numpy(x.numpy()), input_form([x], ("T", 1))]
+    assert ev.inputs[-1] != input_form([tf.reshape(x, [2, 3])], ("T", 1))
+    assert ev.inputs[-1] != input_form([x], ("T", 2))
     assert ev.digests == [digest_numpy(y.numpy())]
 
 

@@ -7,7 +7,6 @@ events that arrived while it ran are attributed to it.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -53,15 +52,17 @@ def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
     return int(values[0]), int(values[1])
 
 
-def input_shapes(inputs: Any) -> dg.Digest:
-    """The shapes of an eager op's inputs as one more input digest (the last): a digest is
-    over bytes, and an input that entered from Python (a NumPy array) with the same bytes in
-    another shape made the op's inputs look identical, so the op was named a source, "the
-    kernel itself is non-deterministic". (Graph ops need none: a shape that differs there
-    comes from a tensor, which is compared.)"""
-    text = ";".join(",".join(map(str, getattr(t, "shape", ()))) for t in inputs)
-    code = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(code, "little", signed=True), -1
+def input_form(inputs: Any, attrs: Any = ()) -> dg.Digest:
+    """The shapes of an eager op's inputs and its attributes, as one more input digest (the
+    last). A digest is over bytes, and what Python hands an op besides tensors is part of
+    its inputs too: the same bytes from NumPy in another shape, or ``alpha=0.2`` in one run
+    and ``0.3`` in the next (see :func:`ops.attrs_form`), made the inputs look identical,
+    and the op was named a source, "the kernel itself is non-deterministic". (A graph op's
+    attributes are compared through ``OpInfo.attrs["form"]``; it needs no shapes: a shape
+    that differs there comes from a tensor, which is compared.)"""
+    shapes = ";".join(",".join(map(str, getattr(t, "shape", ()))) for t in inputs)
+    code = ops.form_code(f"{shapes}|{ops.attrs_form(attrs)}")
+    return int.from_bytes(bytes.fromhex(code), "little", signed=True), -1
 
 
 def read_variable(handle: Any, dtype: Any) -> Any:
@@ -124,8 +125,9 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
                 rec.eager_digests[out._id] = _digest(rec, src)
         return
     in_digests = [d for d in (_digest(rec, t) for t in inputs) if d is not None]
-    if inputs:
-        in_digests.append(input_shapes(inputs))
+    if inputs or attrs:
+        called = ops.FUNCTION_CALL.match(op_type)  # a call's attributes configure its run
+        in_digests.append(input_form(inputs, () if called else attrs))
     out_tensors = list(outputs)
     note = ""
     function = opaque.function_kind(op_type) if ops.FUNCTION_CALL.match(op_type) else ""

@@ -1447,6 +1447,9 @@ def instrument_op(
         # what it returns) or not (then it is judged as an opaque call), as for eager calls.
         function=opaque.function_kind(callee) if callee else "",
     )
+    form = ops.attrs_form(attrs)
+    if form:  # its attribute values: compared like its inputs (see ops.attrs_form)
+        info.attrs["form"] = ops.form_code(form)
     if info.function in ("uninstrumented", "xla"):
         # What can be said of it without seeing it run (a random op inside), as for an
         # eager call of such a function.

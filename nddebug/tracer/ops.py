@@ -73,7 +73,10 @@ HANDLE_ROUTING = frozenset(
 UID_SUFFIX = re.compile(r"_\d+$")
 # Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
 # process, a second model); keys drop them and tell real duplicates apart by creation order.
-UID_IN_NAME = re.compile(r"_\d+(?=/|$)")
+# Keras numbers its own names too (a second model's optimizer is "sgd_1"), and TensorFlow then
+# uniquifies the scope ("sgd_1_1"): every trailing number goes, or two identical runs in one
+# process had no op in common and were "NOT reproducible".
+UID_IN_NAME = re.compile(r"(?:_\d+)+(?=/|$)")
 
 
 def function_name(name: str) -> str:
@@ -176,6 +179,72 @@ def interesting_attrs(attrs: Any) -> dict[str, Any]:
         if v is not None:
             out[name] = int(getattr(v, "i", v))
     return out
+
+
+#: Attributes that are not part of what an op computes on its inputs: a random op's seeds (a
+#: seed that differs makes the op the source, as it should), names and keys that are new in
+#: every run or process (a variable's shared_name, a collective's instance key, a Send's
+#: incarnation), and how a call is run.
+NOT_FORM = frozenset(
+    {"seed", "seed2", "shared_name", "container", "debug_name", "_class", "config_proto",
+     "executor_type", "instance_key", "group_key", "send_device_incarnation"}
+)  # fmt: skip
+
+
+def _form_text(value: Any) -> str | None:
+    """An attribute value as text, if it is one Python hands an op as a value: a number, a
+    flag, a dtype, a shape, or a list of them (eager callbacks give Python values, graph ones
+    AttrValue protos). Strings, functions and tensors: None (they hold names TensorFlow makes
+    anew in every run: a dataset op's function and metadata, a resource's name)."""
+    if type(value).__name__ == "TensorShapeProto":  # TF1 get_attr("shape")
+        return f"shape:{value}"
+    if type(value).__name__ == "AttrValue":
+        kind = value.WhichOneof("value")
+        if kind in ("i", "f", "b", "type", "shape"):
+            return f"{kind}:{getattr(value, kind)}"
+        if kind == "list":
+            items = value.list
+            if items.s or items.func or items.tensor:
+                return None
+            return f"list:{items}"
+        return None
+    if hasattr(value, "DESCRIPTOR"):  # another proto: a function, a tensor
+        return None
+    if isinstance(value, (list, tuple)):
+        texts = [_form_text(v) for v in value]
+        return None if None in texts else f"[{','.join(texts)}]"  # type: ignore[arg-type]
+    if isinstance(value, (bool, int, float)) or type(value).__name__ in ("DType", "TensorShape"):
+        return repr(value)
+    return None
+
+
+def attrs_form(attrs: Any) -> str:
+    """An op's attributes that are values (see :func:`_form_text`), as one sorted text: part
+    of what the op computes on, like its inputs. ``alpha=0.2`` in one run and ``0.3`` in the
+    next made identical tensor inputs give other outputs, and the op was named a source,
+    "the kernel itself is non-deterministic"."""
+    if not attrs:
+        return ""
+    items = attrs.items() if isinstance(attrs, dict) else zip(attrs[::2], attrs[1::2], strict=False)
+    parts = []
+    for name, value in items:
+        name = as_str(name)
+        if name in NOT_FORM:
+            continue
+        try:
+            text = _form_text(value)
+        except Exception:  # noqa: BLE001 - a form it cannot read compares as absent
+            text = None
+        if text is not None:
+            parts.append(f"{name}={text}")
+    return ";".join(sorted(parts))
+
+
+def form_code(text: str) -> str:
+    """A short stable code of a text (an op's form), the same in every process."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def kept_value(value: Any) -> Any:

@@ -8,7 +8,10 @@ every op execution it made; the run itself is the top-level unit its ops belong 
 
 It also finds what bit-exactness cannot survive in a TF1 graph: a variable read and a write of
 the same variable in one run with no data or control path between them (the executor may run
-either first). The read op carries ``races_with`` and the recording says so.
+either first), and two writes of one variable with none (the value left depends on their
+order: float sums round differently). Such an op carries ``races_with`` and the recording says
+so; the report counts it among the risks, so that runs in which the race did not show are not
+called reproducible.
 """
 
 from __future__ import annotations
@@ -168,19 +171,29 @@ class SessionHook:
         return targets
 
     def _note_races(self, graph: Any, executed: list[Any]) -> None:
-        """Name every read of a variable that no path orders with a write of it in this run."""
+        """Name every read of a variable that no path orders with a write of it in this run,
+        and every write that no path orders with another write of it."""
         rec = self.recorder
-        for read, writes in unordered_reads(executed).items():
-            names = sorted(w.name for w in writes)
+        reads, writes = unordered_accesses(executed)
+        for op, others in [*reads.items(), *writes.items()]:
+            names = sorted(w.name for w in others)
             for info in REGISTRY.ops.values():
-                if info.op_name == read.name and info.graph == instrument.graph_name(graph):
+                if info.op_name == op.name and info.graph == instrument.graph_name(graph):
                     info.attrs["races_with"] = names
-            ops.warn_once(
-                rec.recording,
-                f"{read.name} reads a variable that {', '.join(names)} also writes in the same "
-                "Session.run with nothing ordering them: the read can see the value before or "
-                "after the write.",
-            )
+            if op in reads:
+                text = (
+                    f"{op.name} reads a variable that {', '.join(names)} also writes in the "
+                    "same Session.run with nothing ordering them: the read can see the value "
+                    "before or after the write."
+                )
+            else:
+                text = (
+                    f"{op.name} and {', '.join(names)} update the same variable in the same "
+                    "Session.run with nothing ordering them: the value left depends on the "
+                    "order they run in."
+                )
+            if op in reads or op.name < names[0]:  # updates that race: said once, by the first
+                ops.warn_once(rec.recording, text)
 
     def _record_run(self, fetches: Any) -> None:
         """The run itself, as the top-level unit of the op executions it delivered."""
@@ -267,6 +280,12 @@ def closure(graph: Any, fetches: Any, feed_dict: Any) -> list[Any]:
 def unordered_reads(executed: list[Any]) -> dict[Any, list[Any]]:
     """Variable reads with a write of the same variable in ``executed`` and no path between
     the two: read op -> those writes."""
+    return unordered_accesses(executed)[0]
+
+
+def unordered_accesses(executed: list[Any]) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
+    """The accesses of a variable in ``executed`` that no path orders with a write of it:
+    read op -> those writes, and write op -> the other writes."""
     by_var: dict[str, tuple[list[Any], list[Any]]] = {}
     for op in executed:
         if not op.inputs or not ops.reads_or_writes_variable(op.type):
@@ -297,13 +316,21 @@ def unordered_reads(executed: list[Any]) -> dict[Any, list[Any]]:
             todo.pop()
         return ancestors[op.name]
 
+    def unordered(a: Any, b: Any) -> bool:
+        return a.name not in above(b) and b.name not in above(a)
+
     out: dict[Any, list[Any]] = {}
+    updates: dict[Any, list[Any]] = {}
     for reads, writes in by_var.values():
         for r in reads:
-            racing = [w for w in writes if w.name not in above(r) and r.name not in above(w)]
+            racing = [w for w in writes if unordered(r, w)]
             if racing:
                 out[r] = racing
-    return out
+        for w in writes:
+            racing = [x for x in writes if x is not w and unordered(w, x)]
+            if racing:
+                updates[w] = racing
+    return out, updates
 
 
 def _variable(handle: Any) -> str:

@@ -40,9 +40,9 @@ class ThreadWatch:
 
     def __init__(self, thread: int) -> None:
         self.thread = thread
-        # (thread name, "op"/"call", op type or function name) -> count. Counter updates from
-        # several threads can lose a count under races; only whether there was any matters.
-        self.seen: Counter[tuple[str, str, str]] = Counter()
+        # ("op"/"call", op type or function name) -> count. Counter updates from several
+        # threads can lose a count under races; only whether there was any matters.
+        self.seen: Counter[tuple[str, str]] = Counter()
         self._originals: dict[str, Any] = {}
 
     def note(self, kind: str, name: str) -> None:
@@ -53,7 +53,7 @@ class ThreadWatch:
         current = threading.current_thread()
         if isinstance(current, threading._DummyThread):  # TensorFlow's: see the docstring
             return
-        self.seen[(current.name, kind, name)] += 1
+        self.seen[(kind, name)] += 1
 
     def install(self) -> None:
         from tensorflow.python import pywrap_tfe
@@ -87,20 +87,20 @@ class ThreadWatch:
 
     def summary(self) -> str | None:
         """The warning that says what the other threads ran, or None if nothing: op types
-        and function names sorted, thread names left out (they change from run to run)."""
+        and function names sorted."""
         if not self.seen:
             return None
-        threads = {t for t, _, _ in self.seen}
-        ops = sorted({n for _, k, n in self.seen if k == "op"})
-        calls = sorted({n for _, k, n in self.seen if k == "call"})
+        ops = sorted({n for k, n in self.seen if k == "op"})
+        calls = sorted({n for k, n in self.seen if k == "call"})
         parts = []
         if ops:
             parts.append("eager ops " + _some(ops))
         if calls:
             parts.append("function calls " + _some(calls))
+        # No thread count or names: they vary from run to run (a pool's workers, two fits),
+        # and the report lists each distinct warning of its runs.
         return (
-            f"{OTHER_THREADS} ({len(threads)} thread{'s' if len(threads) != 1 else ''}: "
-            f"{'; '.join(parts)}): "
+            f"{OTHER_THREADS} ({'; '.join(parts)}): "
             "op callbacks are per thread, so nddebug records only the thread that opened the "
             "block, and what those threads computed or wrote (variables) was not compared. "
             "Run that work on the block's thread to have it compared."
