@@ -882,6 +882,12 @@ def _captured_from(graph: Any, tensor: Any) -> Any:
 
 #: Per-graph cache entry: names of outputs their kernel left undefined (tracer.undefined).
 _UNDEFINED = "<undefined outputs>"
+#: Per-graph cache entry (TF1 graphs): the names of updates that another update of the same
+#: variable follows in a Session.run. The value after such an update is not read back: a
+#: read after it cannot be ordered before the next update (an op a session has run must not
+#: change), so on a busy machine it saw that update too, and two identical runs compared
+#: "NOT reproducible" at the first update. What the updates left is read after the last.
+OVERWRITTEN = "<updates another update follows>"
 
 
 def _digestible(tensor: Any) -> bool:
@@ -1322,7 +1328,12 @@ def instrument_op(
         if dtype is not None:
             from tensorflow.python.ops import gen_resource_variable_ops
 
-            if is_v1_graph(graph):
+            overwritten = is_v1_graph(graph) and op.name in REGISTRY.graph_cache(graph).get(
+                OVERWRITTEN, ()
+            )
+            if overwritten:
+                value = None  # compared through its inputs (see OVERWRITTEN)
+            elif is_v1_graph(graph):
                 # Not tf.control_dependencies: it marks the update op too, and a TF1 op that a
                 # session has run must not change.
                 with tf.name_scope("nddebug"):
@@ -1331,8 +1342,9 @@ def instrument_op(
             else:
                 with tf.control_dependencies([op]), tf.name_scope("nddebug"):
                     value = gen_resource_variable_ops.read_variable_op(inputs[0], dtype)
-            out_tensors = [value]
-            note = UPDATE_NOTE
+            if value is not None:
+                out_tensors = [value]
+                note = UPDATE_NOTE
     after_write = bool(note)  # the outputs are a variable's value after this op wrote it
     if out_tensors and not after_write:
         at, why = undefined.undefined_outputs(op_type, attrs)

@@ -138,6 +138,11 @@ class SessionHook:
 
         rec = self.recorder
         sends = _SENDS.setdefault(graph, {})
+        # Updates another update of the same variable follows: nothing new can order the
+        # read of the value after them before that update (see instrument.OVERWRITTEN).
+        REGISTRY.graph_cache(graph).setdefault(instrument.OVERWRITTEN, set()).update(
+            unordered_accesses(executed)[2]
+        )
         targets: list[Any] = []
         with graph.as_default():
             for op in executed:
@@ -174,7 +179,7 @@ class SessionHook:
         """Name every read of a variable that no path orders with a write of it in this run,
         and every write that no path orders with another write of it."""
         rec = self.recorder
-        reads, writes = unordered_accesses(executed)
+        reads, writes, _ = unordered_accesses(executed)
         for op, others in [*reads.items(), *writes.items()]:
             names = sorted(w.name for w in others)
             for info in REGISTRY.ops.values():
@@ -283,9 +288,12 @@ def unordered_reads(executed: list[Any]) -> dict[Any, list[Any]]:
     return unordered_accesses(executed)[0]
 
 
-def unordered_accesses(executed: list[Any]) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
+def unordered_accesses(
+    executed: list[Any],
+) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]], set[str]]:
     """The accesses of a variable in ``executed`` that no path orders with a write of it:
-    read op -> those writes, and write op -> the other writes."""
+    read op -> those writes, and write op -> the other writes; and the names of the writes
+    that another write of the same variable follows (ordered after them)."""
     by_var: dict[str, tuple[list[Any], list[Any]]] = {}
     for op in executed:
         if not op.inputs or not ops.reads_or_writes_variable(op.type):
@@ -321,6 +329,7 @@ def unordered_accesses(executed: list[Any]) -> tuple[dict[Any, list[Any]], dict[
 
     out: dict[Any, list[Any]] = {}
     updates: dict[Any, list[Any]] = {}
+    followed: set[str] = set()
     for reads, writes in by_var.values():
         for r in reads:
             racing = [w for w in writes if unordered(r, w)]
@@ -330,7 +339,9 @@ def unordered_accesses(executed: list[Any]) -> tuple[dict[Any, list[Any]], dict[
             racing = [x for x in writes if x is not w and unordered(w, x)]
             if racing:
                 updates[w] = racing
-    return out, updates
+            if any(x is not w and w.name in above(x) for x in writes):
+                followed.add(w.name)
+    return out, updates, followed
 
 
 def _variable(handle: Any) -> str:
