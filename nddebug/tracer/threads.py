@@ -76,12 +76,12 @@ class ThreadWatch:
         block = self.thread
         note = self.note
 
-        def entry(*args: Any) -> Any:
+        def entry(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != block:
                 name = as_str(args[name_at]) if len(args) > name_at else "?"
                 if not FUNCTION_CALL.match(name):  # a call: noted by the call hook
                     note("op", name)
-            return original(*args)
+            return original(*args, **kwargs)
 
         return entry
 
