@@ -378,11 +378,10 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         raise NotComparableError(
             f"comparison needs at least two recordings of the same step, got {len(recordings)}"
         )
-    ids = [r.run_id for r in recordings]
-    twice = sorted({i for i in ids if ids.count(i) > 1})
+    twice = [(i, n) for i, n in Counter(r.run_id for r in recordings).items() if n > 1]
     if twice:
         raise NotComparableError(
-            f"run {twice[0][:12]} is given {ids.count(twice[0])} times: a run compared with "
+            f"run {twice[0][0][:12]} is given {twice[0][1]} times: a run compared with "
             "itself agrees by definition, so nothing would be shown. Compare recordings of "
             "different runs (were two files that hold the same runs given, or one file twice?)"
         )
@@ -429,12 +428,6 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 continue
             outs = [_identity(pu[u]) for pu in per_run_units]
             ins = [_event_inputs(pu[u]) for pu in per_run_units]
-            # A graph op's attribute values (OpInfo.attrs["form"]) are inputs too: a function
-            # traced again with another Python value (alpha=) has the same op, other attrs.
-            forms = {
-                rec.ops[pu[u].op_id].attrs.get("form")
-                for rec, pu in zip(recordings, per_run_units, strict=False)
-            }
             if len(set(outs)) == 1:
                 if not (_unreadable(per_run_units[0][u], op) and len(set(ins)) > 1):
                     continue
@@ -446,6 +439,12 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 continue
             divergent.append(u)
             differing_runs.update(r for r, o in enumerate(outs) if o != outs[0])
+            # A graph op's attribute values (OpInfo.attrs["form"]) are inputs too: a function
+            # traced again with another Python value (alpha=) has the same op, other attrs.
+            forms = {
+                rec.ops[pu[u].op_id].attrs.get("form")
+                for rec, pu in zip(recordings, per_run_units, strict=False)
+            }
             if None not in ins and len(set(ins)) == 1 and len(forms) == 1:
                 source_units.append(u)
         if divergent and key not in unreadable and _same_multiset(per_run_units, divergent):

@@ -71,6 +71,7 @@ def known_risks(
     env = recordings[0].environment or {}
     determinism = bool(env.get("op_determinism"))
     diverged = {f.key for f in findings if f.role in ("source", "propagated")}
+    race = _race_culprit()
     seen: dict[str, Risk] = {}
     for rec in recordings[:1]:
         ran = executed if executed is not None else {ev.op_id for ev in rec.events}
@@ -82,7 +83,7 @@ def known_risks(
             # The op, then the kernels recorded with it as one unit (OpInfo.fused): they ran
             # too, their outputs were only not digested apart; a key names each.
             members = [(op.key, op.op_type, op.op_name), *((k, t, k) for k, t in op.fused.items())]
-            if op.attrs.get("races_with") and op.key not in seen and _race_culprit():
+            if op.attrs.get("races_with") and op.key not in seen and race is not None:
                 # A TF1 read or update that no path orders with a write of its variable in
                 # the same Session.run (tracer.session): runs where it did not show are not
                 # shown reproducible, whatever the thread order was in them.
@@ -94,7 +95,7 @@ def known_risks(
                     device=device,
                     observed=op.key in diverged,
                     applies=True,
-                    culprit=_race_culprit(),
+                    culprit=race,
                 )
                 continue
             for key, op_type, name in members:

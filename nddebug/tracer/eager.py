@@ -125,12 +125,12 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
                 rec.eager_digests[out._id] = _digest(rec, src)
         return
     in_digests = [d for d in (_digest(rec, t) for t in inputs) if d is not None]
-    if inputs or attrs:
-        called = ops.FUNCTION_CALL.match(op_type)  # a call's attributes configure its run
+    called = bool(ops.FUNCTION_CALL.match(op_type))
+    if inputs or attrs:  # a call's attributes only configure how it runs
         in_digests.append(input_form(inputs, () if called else attrs))
     out_tensors = list(outputs)
     note = ""
-    function = opaque.function_kind(op_type) if ops.FUNCTION_CALL.match(op_type) else ""
+    function = opaque.function_kind(op_type) if called else ""
     variables = opaque.variable_inputs(inputs) if function in OPAQUE else []
     before = rec.pre_call.pop(op_type) if function in OPAQUE else None
     for spot in REGISTRY.blind_spots.get(op_type, []) if function == "instrumented" else []:

@@ -45,12 +45,7 @@ def input_copies(op_type: str, attrs: Any) -> dict[int, int | None]:
     if entry is None:
         return {}
     (name, want), copies = entry
-    value = attr(attrs, name)
-    which = getattr(value, "WhichOneof", None)  # an AttrValue, or a plain value
-    if which is not None:
-        kind = which("value")
-        value = getattr(value, kind) if kind else None
-    return copies if value == want else {}
+    return copies if attr_value(attr(attrs, name)) == want else {}
 
 
 # Ops with nothing to digest. A Python function's call (tf.py_function, tf.numpy_function:
@@ -97,6 +92,15 @@ def attr(attrs: Any, name: str) -> Any:
         if k == name:
             return v
     return None
+
+
+def attr_value(v: Any) -> Any:
+    """An attribute value from an op callback (an AttrValue, or a plain value)."""
+    which = getattr(v, "WhichOneof", None)
+    if which is None:
+        return v
+    kind = which("value")
+    return getattr(v, kind) if kind else None
 
 
 def dtype_attr(attrs: Any) -> Any:

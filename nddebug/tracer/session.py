@@ -111,8 +111,13 @@ class SessionHook:
                     )
                 else:
                     executed = closure(graph, fetches, feed_dict)
+                    reads, writes, followed = unordered_accesses(executed)
+                    # Updates another update of the same variable follows: nothing new can
+                    # order the read of the value after them before it (instrument.OVERWRITTEN).
+                    cache = REGISTRY.graph_cache(graph)
+                    cache.setdefault(instrument.OVERWRITTEN, set()).update(followed)
                     sends = self._instrument(graph, executed)
-                    self._note_races(graph, executed)
+                    self._note_races(graph, reads, writes)
             except Exception as exc:  # noqa: BLE001 - never break the user's program
                 ops.warn_once(
                     rec.recording,
@@ -138,11 +143,6 @@ class SessionHook:
 
         rec = self.recorder
         sends = _SENDS.setdefault(graph, {})
-        # Updates another update of the same variable follows: nothing new can order the
-        # read of the value after them before that update (see instrument.OVERWRITTEN).
-        REGISTRY.graph_cache(graph).setdefault(instrument.OVERWRITTEN, set()).update(
-            unordered_accesses(executed)[2]
-        )
         targets: list[Any] = []
         with graph.as_default():
             for op in executed:
@@ -175,11 +175,13 @@ class SessionHook:
             )
         return targets
 
-    def _note_races(self, graph: Any, executed: list[Any]) -> None:
+    def _note_races(
+        self, graph: Any, reads: dict[Any, list[Any]], writes: dict[Any, list[Any]]
+    ) -> None:
         """Name every read of a variable that no path orders with a write of it in this run,
-        and every write that no path orders with another write of it."""
+        and every write that no path orders with another write of it (see
+        :func:`unordered_accesses`)."""
         rec = self.recorder
-        reads, writes, _ = unordered_accesses(executed)
         for op, others in [*reads.items(), *writes.items()]:
             names = sorted(w.name for w in others)
             for info in REGISTRY.ops.values():
@@ -280,12 +282,6 @@ def closure(graph: Any, fetches: Any, feed_dict: Any) -> list[Any]:
         stack += [t.op for t in op.inputs if t.name not in fed]
         stack += list(op.control_inputs)
     return sorted(seen.values(), key=lambda o: o._id)
-
-
-def unordered_reads(executed: list[Any]) -> dict[Any, list[Any]]:
-    """Variable reads with a write of the same variable in ``executed`` and no path between
-    the two: read op -> those writes."""
-    return unordered_accesses(executed)[0]
 
 
 def unordered_accesses(

@@ -28,10 +28,9 @@ from typing import Any
 from nddebug.recording import OTHER_THREADS
 from nddebug.tracer.ops import FUNCTION_CALL, as_str
 
-# pywrap_tfe's entry points for one eager op: the generated wrappers' fast path, and
-# execute.execute's (the fallback, and ops built by hand).
-_ENTRY_POINTS = ("TFE_Py_FastPathExecute", "TFE_Py_Execute", "TFE_Py_ExecuteCancelable")
-_OP_NAME_ARG = {"TFE_Py_FastPathExecute": 1, "TFE_Py_Execute": 2, "TFE_Py_ExecuteCancelable": 2}
+# pywrap_tfe's entry points for one eager op (the generated wrappers' fast path, and
+# execute.execute's: the fallback, and ops built by hand) -> the position of the op's name.
+_ENTRY_POINTS = {"TFE_Py_FastPathExecute": 1, "TFE_Py_Execute": 2, "TFE_Py_ExecuteCancelable": 2}
 
 
 class ThreadWatch:
@@ -58,12 +57,12 @@ class ThreadWatch:
     def install(self) -> None:
         from tensorflow.python import pywrap_tfe
 
-        for entry in _ENTRY_POINTS:
+        for entry, name_at in _ENTRY_POINTS.items():
             original = getattr(pywrap_tfe, entry, None)
             if original is None:
                 continue
             self._originals[entry] = original
-            setattr(pywrap_tfe, entry, self._wrap(original, _OP_NAME_ARG[entry]))
+            setattr(pywrap_tfe, entry, self._wrap(original, name_at))
 
     def uninstall(self) -> None:
         from tensorflow.python import pywrap_tfe

@@ -84,15 +84,6 @@ def table() -> dict[str, Undefined]:
     return parse(path.read_text(encoding="utf-8"), "undefined_outputs.toml")
 
 
-def _value(v: Any) -> Any:
-    """An attribute value from an op callback (an AttrValue, or a plain value)."""
-    which = getattr(v, "WhichOneof", None)
-    if which is None:
-        return v
-    kind = which("value")
-    return getattr(v, kind) if kind else None
-
-
 def undefined_outputs(op_type: str, attrs: Any) -> tuple[tuple[int, ...], str]:
     """The positions of ``op_type``'s outputs left undefined with these attributes, and the
     note that says so ((), "" when all are defined)."""
@@ -100,7 +91,7 @@ def undefined_outputs(op_type: str, attrs: Any) -> tuple[tuple[int, ...], str]:
     if entry is None:
         return (), ""
     for name, want in entry.when:
-        if _value(ops.attr(attrs, name)) != want:
+        if ops.attr_value(ops.attr(attrs, name)) != want:
             return (), ""
     op_def = ops.op_def(op_type)
     names = [a.name for a in op_def.output_arg] if op_def is not None else []
