@@ -88,6 +88,16 @@ DBG = "tfdbg2 CURT_HEALTH"
 FIRST_CALLS = 3  # fresh functions per first-call figure (the pure-TF path: one, it is slow)
 
 
+#: --sync: every timed step ends with its result on the host, as a training loop that logs
+#: its loss each step does. Without it a GPU step is timed until its kernels are queued,
+#: while trace() waits for them at the block's end (its drain).
+SYNC = False
+
+
+def _done(result: Any) -> Any:
+    return result.numpy() if SYNC else result
+
+
 def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -123,8 +133,11 @@ def _first_traced_call(step: Any, x: Any, y: Any, pure: bool) -> tuple[float, An
             os.environ[native.ENV] = previous
 
 
-def measure_nddebug(model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: int) -> dict:
-    """plain vs trace() (both paths) vs outside trace(), interleaved; first calls; sizes."""
+def measure_nddebug(
+    model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: int, with_pure: bool = True
+) -> dict:
+    """plain vs trace() (both paths unless not ``with_pure``) vs outside trace(), interleaved;
+    first calls; sizes."""
     # First calls vary by tens of percent from one to the next on a shared machine: the
     # median of FIRST_CALLS fresh functions each, plain and traced alternating.
     firsts: dict[str, list[float]] = {"plain": [], TRACE: []}
@@ -135,31 +148,34 @@ def measure_nddebug(model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: i
         firsts[TRACE].append(seconds)
     first = {k: statistics.median(v) for k, v in firsts.items()}
     pure = mnist_cnn.make_custom_step(model)
-    first[PURE], _ = _first_traced_call(pure, x, y, pure=True)
+    if with_pure:
+        first[PURE], _ = _first_traced_call(pure, x, y, pure=True)
     if rec.warnings:
         print("warnings while tracing:", *rec.warnings[:5], sep="\n  ")
 
     def block(step: Any) -> Callable[[], None]:
         def run() -> None:
             with nddebug.trace():
-                step(x, y)
+                _done(step(x, y))
 
         return run
 
     variants = {
-        "plain": (lambda: plain(x, y), 1, reps),
+        "plain": (lambda: _done(plain(x, y)), 1, reps),
         TRACE: (block(fast), 1, reps),
         PURE: (block(pure), 1, reps),
-        OUT: (lambda: fast(x, y), 1, reps),
-        OUT_PURE: (lambda: pure(x, y), 1, reps),
+        OUT: (lambda: _done(fast(x, y)), 1, reps),
+        OUT_PURE: (lambda: _done(pure(x, y)), 1, reps),
     }
+    if not with_pure:
+        del variants[PURE], variants[OUT_PURE]
     for run, _, _ in variants.values():  # warm up
         run()
     cpu: dict[str, list[float]] = {}
     samples = interleave(variants, rounds, cpu)
 
     transfers = {}
-    for name, step in ((TRACE, fast), (PURE, pure)):
+    for name, step in ((TRACE, fast), (PURE, pure))[: 2 if with_pure else 1]:
         before = dict(transport.COUNTS)
         with nddebug.trace() as one:
             step(x, y)
@@ -192,7 +208,10 @@ def measure_tfdbg(model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: int
         try:
             step = mnist_cnn.make_custom_step(model)
             first_s = _timed(lambda: step(x, y))
-            variants = {"plain": (lambda: plain(x, y), 1, reps), DBG: (lambda: step(x, y), 1, reps)}
+            variants = {
+                "plain": (lambda: _done(plain(x, y)), 1, reps),
+                DBG: (lambda: _done(step(x, y)), 1, reps),
+            }
             step(x, y)
             plain(x, y)
             cpu: dict[str, list[float]] = {}
@@ -204,14 +223,14 @@ def measure_tfdbg(model: Any, x: Any, y: Any, plain: Any, rounds: int, reps: int
     return {**_stats(samples, cpu, {k: v[2] for k, v in variants.items()}), "first_call_s": first_s}
 
 
-def run_workload(name: str, rounds: int, reps: int, tfdbg: bool) -> dict:
+def run_workload(name: str, rounds: int, reps: int, tfdbg: bool, with_pure: bool = True) -> dict:
     make_model, make_data = WORKLOADS[name]
     model = make_model()
     xn, yn = make_data()
     x, y = tf.constant(xn), tf.constant(yn)
     plain = mnist_cnn.make_custom_step(model)
     plain(x, y)
-    measured = measure_nddebug(model, x, y, plain, rounds, reps)
+    measured = measure_nddebug(model, x, y, plain, rounds, reps, with_pure)
     result = {"batch": int(xn.shape[0]), "nddebug": measured}
     if tfdbg:
         result["tfdbg2"] = measure_tfdbg(model, x, y, plain, rounds, reps)
@@ -245,17 +264,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short run")
     parser.add_argument("--no-tfdbg", action="store_true", help="skip tfdbg2")
+    parser.add_argument("--no-pure", action="store_true", help="skip the pure-TF path")
+    parser.add_argument(
+        "--sync", action="store_true", help="each timed step fetches its result to the host"
+    )
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     parser.add_argument("--out", default=RESULTS, help="JSON results file")
     args = parser.parse_args()
     rounds, reps = (4, 1) if args.quick else (10, 2)
+    global SYNC
+    SYNC = args.sync
     device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     lib = native.load()
     print(f"device {device}; native ops: {lib.path if lib else native.problem() or 'off'}")
     results = {}
     for wl in args.workloads.split(","):
         t0 = time.perf_counter()
-        results[wl] = run_workload(wl, rounds, reps, not args.no_tfdbg)
+        results[wl] = run_workload(wl, rounds, reps, not args.no_tfdbg, not args.no_pure)
         print(f"{wl}: {time.perf_counter() - t0:.0f} s")
 
     print()
@@ -283,7 +308,7 @@ def main() -> None:
             print(f"[{'OK ' if ok else 'MISS'}] {wl} trace: {ours:.2f}x <= tfdbg2 {theirs:.2f}x")
         t = a["host_transfers_per_step"]
         print(
-            f"      host transfers per traced step: {t[TRACE]} (pure-TF: {t[PURE]}); "
+            f"      host transfers per traced step: {t[TRACE]} (pure-TF: {t.get(PURE, '-')}); "
             f"recording {a['recording_bytes_per_step'] / 1e6:.3f} MB/step; "
             f"empty block {a['empty_block_ms']:.2f} ms"
         )
@@ -294,6 +319,7 @@ def main() -> None:
         "device": device,
         "native": str(lib.path) if lib else native.problem() or "off",
         "quick": args.quick,
+        "sync": args.sync,
         "rounds": rounds,
         "reps_per_round": reps,
         "source": source_state(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import random
@@ -24,6 +25,49 @@ _SWITCHES = (
 
 def capture() -> dict[str, Any]:
     """Versions, devices, determinism switches, thread settings and seeds, as plain data."""
+    env = dict(_fixed())
+    env["env"] = {k: os.environ[k] for k in _SWITCHES if k in os.environ}
+    # The script that recorded it, by file name (the same on every machine): runs of two
+    # scripts appended to one file are told apart (see analysis.compare_recordings).
+    env["program"] = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    task = _cluster_task()
+    if task is not None:
+        env["cluster_task"] = task  # which worker of a multi-worker job recorded this
+    env["op_determinism"] = _op_determinism_enabled()
+    env["threads"] = dict(_threads())
+    env["seeds"] = _seeds()
+    from nddebug import emulate
+
+    # Under nddebug.emulate_gpu() the report's advice is the GPU's: the run rehearses a GPU.
+    env["emulated_device"] = "GPU" if emulate.is_active() else ""
+    return env
+
+
+_threads_fixed: dict[str, int] = {}
+
+
+def _threads() -> dict[str, int]:
+    """TensorFlow's thread pool sizes: fixed once its runtime has started (setting them then
+    raises), so read once from then on (each read builds the whole ConfigProto)."""
+    if _threads_fixed:
+        return _threads_fixed
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    threads = {
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+    }
+    if getattr(context.context(), "_context_handle", None) is not None:
+        _threads_fixed.update(threads)
+    return threads
+
+
+@functools.lru_cache(maxsize=1)
+def _fixed() -> dict[str, Any]:
+    """What cannot change while the process runs (versions, the build, the devices, once
+    TensorFlow has made them), looked up once: every trace() block captures the environment,
+    and on a GPU these lookups cost a noticeable part of a short step."""
     import numpy as np
     import tensorflow as tf
 
@@ -33,10 +77,6 @@ def capture() -> dict[str, Any]:
         "machine": platform.node(),
         "tensorflow": tf.__version__,
         "numpy": np.__version__,
-        "env": {k: os.environ[k] for k in _SWITCHES if k in os.environ},
-        # The script that recorded it, by file name (the same on every machine): runs of two
-        # scripts appended to one file are told apart (see analysis.compare_recordings).
-        "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
     }
     try:
         import keras
@@ -56,20 +96,7 @@ def capture() -> dict[str, Any]:
         pass
     env["build"] = build
     env["devices"] = [d.name for d in tf.config.list_logical_devices()]
-    task = _cluster_task()
-    if task is not None:
-        env["cluster_task"] = task  # which worker of a multi-worker job recorded this
-    env["op_determinism"] = _op_determinism_enabled()
     env["onednn"] = onednn_enabled()
-    env["threads"] = {
-        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-    }
-    env["seeds"] = _seeds()
-    from nddebug import emulate
-
-    # Under nddebug.emulate_gpu() the report's advice is the GPU's: the run rehearses a GPU.
-    env["emulated_device"] = "GPU" if emulate.is_active() else ""
     return env
 
 

@@ -28,6 +28,7 @@ class Switch:
         self.shared_name = f"nddebug_switch_{name}_{os.getpid()}"
         self._handle: Any = None
         self._reads: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._values: dict[tuple[str, bool], Any] = {}  # (device, on) -> eager int32 tensor
 
     def _eager_handle(self) -> Any:
         if self._handle is None:
@@ -64,7 +65,10 @@ class Switch:
         with context.eager_mode():
             for device, handle in self._eager_handle():
                 with tf.device(device):
-                    gen.assign_variable_op(handle, tf.constant(1 if on else 0, tf.int32))
+                    value = self._values.get((device, on))
+                    if value is None:  # made once: a trace() block switches twice
+                        value = self._values[(device, on)] = tf.constant(int(on), tf.int32)
+                    gen.assign_variable_op(handle, value)
 
     def read(self, graph: Any) -> Any:
         """The switch as an int32 scalar tensor of ``graph``, read once per graph (per loop

@@ -8,6 +8,7 @@ The parts, by file:
 - :mod:`~nddebug.tracer.eager`: eager ops, digested as the callback sees them;
 - :mod:`~nddebug.tracer.instrument`: graph ops, instrumented with digest ops when created;
 - :mod:`~nddebug.tracer.transport`: how graph digests reach the host;
+- :mod:`~nddebug.tracer.plain`: outside a block, instrumented functions run without their records;
 - :mod:`~nddebug.tracer.rerun`: rerun mode, each op's copies compared with it;
 - :mod:`~nddebug.tracer.registry`: process-wide state (instrumented ops, the gate);
 - :mod:`~nddebug.tracer.ops`, :mod:`~nddebug.tracer.location`: facts about ops and user code.

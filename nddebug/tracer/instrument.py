@@ -3,8 +3,9 @@ updates) are instrumented when they are created: on the native path one fused op
 op's outputs and appends its row to the buffer; otherwise digest ops are added next to the op
 and the row is delivered by :mod:`nddebug.tracer.transport`.
 
-An instrumented graph stays instrumented; outside ``trace()`` the process-wide switch makes
-its digests read no data (:mod:`nddebug.tracer.registry`).
+An instrumented graph stays instrumented; outside ``trace()`` its eager calls run its plain
+twin, the definition without nddebug's ops (:mod:`nddebug.tracer.plain`), and where there is
+none the process-wide switch makes its digests read no data (:mod:`nddebug.tracer.registry`).
 """
 
 from __future__ import annotations

@@ -20,15 +20,25 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
 
 
+_LIBRARIES = ("tensorflow", "keras", "tf_keras", "absl", "optree", "numpy")
+
+
 def library_dirs() -> tuple[str, ...]:
+    """The folders of installed code (not the user's), as asked by every trace() block: the
+    interpreter's paths once, the libraries' folders as far as they are imported now."""
+    return _library_dirs(tuple(name in sys.modules for name in _LIBRARIES))
+
+
+@functools.lru_cache(maxsize=64)
+def _library_dirs(imported: tuple[bool, ...]) -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     dirs = [_PACKAGE_DIR, paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]]
     try:
         dirs += [*site.getsitepackages(), site.getusersitepackages()]
     except AttributeError:  # an embedded interpreter's site module may lack them
         pass
-    for name in ("tensorflow", "keras", "tf_keras", "absl", "optree", "numpy"):
-        mod = sys.modules.get(name)
+    for name, present in zip(_LIBRARIES, imported, strict=True):
+        mod = sys.modules.get(name) if present else None
         if mod is not None and getattr(mod, "__file__", None):
             dirs.append(os.path.dirname(os.path.abspath(mod.__file__)))
     return tuple(sorted({os.path.abspath(d) + os.sep for d in dirs if d}))

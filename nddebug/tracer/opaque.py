@@ -17,7 +17,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, XLA_NOTE
-from nddebug.tracer import memory_rewrite, ops
+from nddebug.tracer import memory_rewrite, ops, plain
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
 # Stateful random op types: a function holding one with no seed differs call to call.
@@ -240,7 +240,8 @@ def _patch_call_function() -> None:
                 return out
             # The hook's block ended while the call waited for it: look again.
         try:
-            return original(ctx, name, tensor_inputs, num_outputs)
+            # No block took the call: an instrumented function runs as its plain twin.
+            return original(ctx, plain.twin_name(ctx, name), tensor_inputs, num_outputs)
         finally:
             with _inflight_lock:
                 _inflight -= 1

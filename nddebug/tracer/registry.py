@@ -96,8 +96,8 @@ _GATE = Switch("trace")
 
 def set_gate(on: bool) -> None:
     """Switch every instrumented graph's digests on (a trace block starts) or off: outside
-    trace() an instrumented function skips the heavy part of its digests, so a function
-    first traced inside a trace block does not stay slow after it."""
+    trace() an instrumented function that runs without a plain twin (nddebug.tracer.plain)
+    skips the heavy part of its digests."""
     _GATE.set(on)
 
 

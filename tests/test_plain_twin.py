@@ -1,0 +1,171 @@
+"""Outside trace(), an instrumented function runs its plain twin (nddebug.tracer.plain): the
+same FunctionDef without nddebug's ops, so a function debugged once costs what it did before.
+Inside a block the instrumented function runs again and records as before.
+
+What the twin computes (bitwise equal to the plain function) is held by
+test_transparency.py's "changed after trace()" check, which now runs the twins; these tests
+show that the twins are what runs, that they hold none of nddebug's ops, and where no twin
+can be made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug import emulate
+from nddebug.tracer import plain
+from nddebug.tracer.registry import REGISTRY
+from tests.helpers import on_cpu
+
+
+def _function_defs(name: str) -> list[Any]:
+    """``name``'s FunctionDef and those of every function it names (branches, bodies, calls)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    seen: dict[str, Any] = {}
+    todo = [name]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen[n] = fdef = ctx.get_function_def(n)
+        for node in fdef.node_def:
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    todo.append(value.func.name)
+                elif value.HasField("list"):
+                    todo += [f.name for f in value.list.func]
+    return list(seen.values())
+
+
+def _op_types(name: str) -> set[str]:
+    return {node.op for fdef in _function_defs(name) for node in fdef.node_def}
+
+
+def _loop_step() -> tuple[Any, Any, tf.Variable]:
+    w = tf.Variable(tf.linspace(0.5, 1.5, 64), name="w")
+
+    @tf.function
+    def step(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h * w)), (0, x))[1]
+            h = tf.cond(tf.reduce_sum(h) > 0, lambda: h * 2.0, lambda: h - 1.0)
+            loss = tf.reduce_sum(h * h)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    return step, tf.linspace(-1.0, 1.0, 64), w
+
+
+def test_outside_trace_the_twin_runs_and_holds_none_of_nddebugs_ops() -> None:
+    with on_cpu():
+        step, x, _ = _loop_step()
+        with nddebug.trace() as first:
+            step(x)
+        name = step.get_concrete_function(x).name.decode()
+        assert name in REGISTRY.instrumented_functions
+        assert any(t.startswith("Nddebug") for t in _op_types(name))
+
+        before = plain.twins()
+        step(x)  # no block: the twin
+        made = {k: v for k, v in plain.twins().items() if k not in before}
+        twin = made.get(name)
+        assert twin is not None, made
+        assert all(v is not None for v in made.values()), made  # branches and bodies too
+        types = _op_types(twin)
+        assert {"While", "StatelessWhile"} & types or {"If", "StatelessIf"} & types
+        assert not {t for t in types if t.startswith("Nddebug")}, types
+        nested = {
+            value.func.name
+            for fdef in _function_defs(twin)
+            for node in fdef.node_def
+            for value in node.attr.values()
+            if value.HasField("func")
+        }
+        assert nested and all(n.endswith(plain.SUFFIX) for n in nested), nested
+
+        # Back in a block, the instrumented function runs and records as it did.
+        with nddebug.trace() as again:
+            step(x)
+        assert len(again.events) == len(first.events) > 0
+        assert not again.warnings, again.warnings
+
+
+def test_the_twin_computes_the_plain_bits_after_an_emulated_block() -> None:
+    # The emulation switch is read by the user's (emulated) ops: the twin keeps it, and with
+    # no emulate_gpu() block open the step computes what the plain step does.
+    data = tf.constant(np.random.default_rng(0).normal(size=(20000, 8)).astype(np.float32))
+    ids = tf.constant(np.random.default_rng(1).integers(0, 16, 20000).astype(np.int32))
+
+    def make() -> Any:
+        @tf.function
+        def step(d: Any, i: Any) -> Any:
+            return tf.math.unsorted_segment_sum(d * 1.5, i, 16)
+
+        return step
+
+    with on_cpu():
+        expected = make()(data, ids).numpy()
+        step = make()
+        with nddebug.trace(emulate_gpu=True):
+            step(data, ids)
+        assert not emulate.is_active()
+        before = plain.twins()
+        got = [step(data, ids).numpy() for _ in range(3)]
+        made = {k: v for k, v in plain.twins().items() if k not in before}
+    assert made and all(v is not None for v in made.values()), made
+    for g in got:
+        assert g.tobytes() == expected.tobytes()
+
+
+def test_no_twin_where_a_users_op_reads_a_value_of_nddebugs() -> None:
+    with on_cpu():
+        step, x, _ = _loop_step()
+        with nddebug.trace():
+            step(x)
+        from tensorflow.python.eager import context
+
+        fdef = context.context().get_function_def(step.get_concrete_function(x).name.decode())
+    stripped = plain.strip(fdef)
+    assert stripped is not None
+    assert not any(n.op.startswith("Nddebug") for n in stripped.node_def)
+    # Make a user op read a record's digests: taking nddebug's ops out would cut that edge.
+    broken = type(fdef)()
+    broken.CopyFrom(fdef)
+    record = next(n for n in broken.node_def if n.op == "NddebugDigestRecord")
+    user = next(n for n in broken.node_def if n.op == "Tanh" or n.op == "Mul")
+    user.input.append(f"{record.name}:digests:0")
+    assert plain.strip(broken) is None
+    # A returned value of nddebug's: no twin either.
+    returned = type(fdef)()
+    returned.CopyFrom(fdef)
+    key = next(iter(returned.ret))
+    returned.ret[key] = f"{record.name}:digests:0"
+    assert plain.strip(returned) is None
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_twins_on_both_paths(native: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pure-TF path's digests and host callbacks go as the native path's records do.
+    monkeypatch.setenv("NDDEBUG_NATIVE", native)
+    with on_cpu():
+        step, x, w = _loop_step()
+        plain_step, plain_x, plain_w = _loop_step()
+        expected = [plain_step(plain_x).numpy() for _ in range(2)] + [plain_w.numpy()]
+        with nddebug.trace() as rec:
+            step(x)
+        assert rec.events
+        w.assign(tf.linspace(0.5, 1.5, 64))
+        before = plain.twins()
+        got = [step(x).numpy() for _ in range(2)] + [w.numpy()]
+        made = {k: v for k, v in plain.twins().items() if k not in before}
+    assert made and all(v is not None for v in made.values()), made
+    twin = made[step.get_concrete_function(x).name.decode()]
+    assert not {t for t in _op_types(twin) if t.startswith("Nddebug") or t == "EagerPyFunc"}
+    assert [g.tobytes() for g in got] == [e.tobytes() for e in expected]
