@@ -95,7 +95,7 @@ SYNC = False
 
 
 def _done(result: Any) -> Any:
-    return result.numpy() if SYNC else result
+    return result.numpy() if SYNC and result is not None else result
 
 
 def _timed(fn: Callable[[], object]) -> float:
