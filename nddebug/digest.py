@@ -360,6 +360,22 @@ def eager_digest_fn(dtype: Any, shape: tuple[int, ...] | None, use_matmul: bool)
     return _digest
 
 
+@functools.lru_cache(maxsize=512)
+def eager_digests_fn(specs: tuple[tuple[Any, tuple[int, ...]], ...], use_matmul: bool) -> Any:
+    """A tf.function digesting several tensors (one (dtype, shape) each) in one eager call,
+    as an int64 ``[n, 2]``: on a device, one call and one copy to the host for all of an
+    op's tensors instead of one each (each copy waits for the device's queued work)."""
+    import tensorflow as tf
+
+    signature = [tf.TensorSpec(shape, dtype) for dtype, shape in specs]
+
+    @tf.function(input_signature=signature, autograph=False)
+    def _digests(*tensors: Any) -> Any:
+        return tf.stack([build_digest(t, use_matmul) for t in tensors])
+
+    return _digests
+
+
 @functools.cache
 def gpu_present() -> bool:
     """Graph ops are placed after tracing, so the kernel path is chosen once per process (the

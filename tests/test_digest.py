@@ -145,6 +145,18 @@ def test_static_shape_paths_match_numpy(name, n):
         assert pairs(graph_digests(t)) == [ref, ref]
 
 
+def test_device_digests_of_several_tensors_in_one_call_match_numpy():
+    # What the tracer runs for an op's tensors on a GPU (tracer.eager.device_digests): one
+    # call digesting them all, one [n, 2] result. Here on the CPU, the same TF ops.
+    from nddebug.tracer.eager import device_digests
+
+    arrays = [random_array(*p.values) for p in _cases(static=True)[:40]]
+    tensors = [tf.constant(a) for a in arrays]
+    got = device_digests("/CPU:0", tensors)
+    assert got == [digest_numpy(a) for a in arrays]
+    assert len({(t.dtype, tuple(t.shape)) for t in tensors}) > 10  # many dtypes and shapes
+
+
 _UNKNOWN_SIZE_FNS: dict = {}
 
 

@@ -181,3 +181,27 @@ def test_fused_op_row_places_static_input_digests_between_dynamic_ones():
         assert lib.drain() == []
     finally:
         lib.set_active(False)
+
+
+def test_the_library_name_is_the_same_wherever_tensorflow_is_installed(monkeypatch):
+    # A GPU machine with the same TensorFlow but no headers finds a library built here (in
+    # $NDDEBUG_CACHE_DIR): the folder TensorFlow lives in is not part of the name. Another
+    # TensorFlow build flag is.
+    here = native.library_path()
+    include, lib = tf.sysconfig.get_include(), tf.sysconfig.get_lib()
+    compile_flags, link_flags = native._flags()
+
+    def elsewhere(flags):
+        return [
+            f.replace(include, "/opt/x/tensorflow/include").replace(lib, "/opt/x/tensorflow")
+            for f in flags
+        ]
+
+    monkeypatch.setattr(tf.sysconfig, "get_include", lambda: "/opt/x/tensorflow/include")
+    monkeypatch.setattr(tf.sysconfig, "get_lib", lambda: "/opt/x/tensorflow")
+    monkeypatch.setattr(native, "_flags", lambda: (elsewhere(compile_flags), elsewhere(link_flags)))
+    assert native.library_path() == here
+    monkeypatch.setattr(
+        native, "_flags", lambda: ([*elsewhere(compile_flags), "-DOTHER_ABI=1"], link_flags)
+    )
+    assert native.library_path() != here

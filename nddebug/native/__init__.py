@@ -207,12 +207,19 @@ def _flags() -> tuple[list[str], list[str]]:
 
 
 def library_path() -> Path:
-    """Where the library for this TensorFlow and this source lives (built or not)."""
+    """Where the library for this TensorFlow and this source lives (built or not). The name
+    holds TensorFlow's version and a hash of the source and TensorFlow's build flags, with
+    the folder TensorFlow is installed in left out: the same TensorFlow elsewhere (another
+    virtual environment, a GPU machine without TensorFlow's headers) finds a library built
+    here in ``$NDDEBUG_CACHE_DIR``."""
     import tensorflow as tf
 
     compile_flags, link_flags = _flags()
+    flags = " ".join([*compile_flags, *link_flags])
+    for folder in (tf.sysconfig.get_include(), tf.sysconfig.get_lib()):
+        flags = flags.replace(folder, "<tensorflow>")
     h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join([*compile_flags, *link_flags]).encode())
+    h.update(flags.encode())
     return cache_dir() / f"nddebug_ops-tf{tf.__version__}-{h.hexdigest()[:16]}.so"
 
 

@@ -28,28 +28,48 @@ def digest_host(array: np.ndarray) -> dg.Digest:
 
 
 def digest_eager_tensor(tensor: Any) -> dg.Digest | None:
-    """Digest an eager tensor where it lives: host tensors in numpy (zero-copy view), device
-    tensors with TF kernels on the device."""
+    """Digest an eager tensor where it lives (see :func:`digest_eager_tensors`)."""
+    return digest_eager_tensors([tensor])[0]
+
+
+def digest_eager_tensors(tensors: Any) -> list[dg.Digest | None]:
+    """Digest eager tensors where they live: host tensors in numpy (zero-copy views), device
+    tensors with TF kernels on their device, all of one device in one call (None for a
+    tensor that cannot be digested)."""
     import tensorflow as tf
 
-    try:
-        dtype = tensor.dtype
-    except AttributeError:
-        return None
-    if not dg.digestible(dtype):
-        return None
-    device = getattr(tensor, "device", "") or ""
-    if "GPU" not in device.upper() and "TPU" not in device.upper():
-        try:
-            array = tensor.numpy()
-        except (TypeError, ValueError, tf.errors.OpError):
-            array = None
-        if array is not None:
-            return digest_host(array)
+    out: list[dg.Digest | None] = [None] * len(tensors)
+    on_device: dict[str, list[tuple[int, Any]]] = {}
+    for i, tensor in enumerate(tensors):
+        dtype = getattr(tensor, "dtype", None)
+        if dtype is None or not dg.digestible(dtype):
+            continue
+        device = getattr(tensor, "device", "") or ""
+        if "GPU" not in device.upper() and "TPU" not in device.upper():
+            try:
+                array = tensor.numpy()
+            except (TypeError, ValueError, tf.errors.OpError):
+                array = None
+            if array is not None:
+                out[i] = digest_host(array)
+                continue
+        on_device.setdefault(device, []).append((i, tensor))
+    for device, items in on_device.items():
+        for (i, _), d in zip(items, device_digests(device, [t for _, t in items]), strict=True):
+            out[i] = d
+    return out
+
+
+def device_digests(device: str, tensors: list[Any]) -> list[dg.Digest]:
+    """The digests of tensors on one device, made there in one call with one copy of the
+    [n, 2] result to the host."""
+    import tensorflow as tf
+
+    specs = tuple((t.dtype, tuple(t.shape)) for t in tensors)
     with tf.device(device or None):
-        fn = dg.eager_digest_fn(dtype, tuple(tensor.shape), dg.use_matmul_for(device))
-        values = fn(tensor).numpy()
-    return int(values[0]), int(values[1])
+        fn = dg.eager_digests_fn(specs, dg.use_matmul_for(device))
+        values = fn(*tensors).numpy()
+    return [(int(v[0]), int(v[1])) for v in values]
 
 
 def input_form(inputs: Any, attrs: Any = ()) -> dg.Digest:
@@ -85,6 +105,23 @@ def _digest(rec: Any, tensor: Any) -> dg.Digest | None:
     if tid is not None:
         rec.eager_digests[tid] = d
     return d
+
+
+def _prefetch(rec: Any, tensors: list[Any]) -> None:
+    """Digest an op's device tensors not digested yet in one go: one call and one copy to
+    the host for them all, instead of one each (each copy waits for the device's queued
+    work). Host tensors are left to :func:`_digest`, as they come."""
+    todo = []
+    for t in tensors:
+        tid = getattr(t, "_id", None)
+        if tid is None or tid in rec.eager_digests:
+            continue
+        device = (getattr(t, "device", "") or "").upper()
+        if "GPU" in device or "TPU" in device:
+            todo.append(t)
+    if len(todo) > 1:
+        for t, d in zip(todo, digest_eager_tensors(todo), strict=True):
+            rec.eager_digests[t._id] = d
 
 
 def _resource(op_type: str, inputs: Any) -> str:
@@ -124,6 +161,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             if src is not None and getattr(out, "_id", None) is not None:
                 rec.eager_digests[out._id] = _digest(rec, src)
         return
+    _prefetch(rec, [*inputs, *outputs])
     in_digests = [d for d in (_digest(rec, t) for t in inputs) if d is not None]
     called = bool(ops.FUNCTION_CALL.match(op_type))
     if inputs or attrs:  # a call's attributes only configure how it runs

@@ -113,13 +113,10 @@ def read_state(variables: list[tuple[Any, Any]]) -> list[Any]:
 
 
 def state_digests(inputs: Any) -> list[dg.Digest | None]:
-    from nddebug.tracer.eager import digest_eager_tensor
+    from nddebug.tracer.eager import digest_eager_tensors
 
     with inside_nddebug():
-        return [
-            digest_eager_tensor(v) if v is not None else None
-            for v in read_state(variable_inputs(inputs))
-        ]
+        return digest_eager_tensors(read_state(variable_inputs(inputs)))
 
 
 def variable_names(handles: list[Any]) -> list[str]:

@@ -35,7 +35,7 @@ def rerun_eager(
     import tensorflow as tf
     from tensorflow.python.eager import context, execute
 
-    from nddebug.tracer.eager import digest_eager_tensor
+    from nddebug.tracer.eager import digest_eager_tensors
 
     # The eager fast path reports unset optional attrs as None: leave those to defaults.
     pairs = zip(attrs[::2], attrs[1::2], strict=False) if attrs else ()
@@ -49,12 +49,8 @@ def rerun_eager(
             )
             results.append(again)
             # Only the outputs the original has a digest of (none of an undefined output).
-            reruns.append(
-                [
-                    digest_eager_tensor(t) if d is not None else None
-                    for t, d in zip(again, ev.digests, strict=False)
-                ]
-            )
+            wanted = [t if d is not None else None for t, d in zip(again, ev.digests, strict=False)]
+            reruns.append(digest_eager_tensors(wanted))
     for slot, digest in enumerate(ev.digests):
         if digest is None or not (capture or any(r[slot] != digest for r in reruns)):
             continue
