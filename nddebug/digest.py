@@ -211,9 +211,13 @@ def digestible(dtype: Any) -> bool:
 @functools.cache
 def _bitcast_ok(dtype: Any) -> bool:
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
     try:
-        tf.bitcast(tf.zeros([1], dtype), tf.uint8)
+        # Eagerly, outside any graph being built: asked while a function (or a TF1 graph)
+        # is built, the probe's ops were left in the user's graph.
+        with context.eager_mode():
+            tf.bitcast(tf.zeros([1], dtype), tf.uint8)
     except Exception:  # noqa: BLE001 - any failure means "cannot read the bits"
         return False
     return True

@@ -17,6 +17,8 @@ import weakref
 from typing import Any
 
 _lock = threading.Lock()
+#: What every switch's shared variable name starts with.
+SWITCH_PREFIX = "nddebug_switch_"
 
 
 class Switch:
@@ -25,7 +27,7 @@ class Switch:
     def __init__(self, name: str) -> None:
         # The process id keeps two processes' switches apart where a resource manager could
         # be shared (it is not today; the name costs nothing).
-        self.shared_name = f"nddebug_switch_{name}_{os.getpid()}"
+        self.shared_name = f"{SWITCH_PREFIX}{name}_{os.getpid()}"
         self._handle: Any = None
         self._reads: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._values: dict[tuple[str, bool], Any] = {}  # (device, on) -> eager int32 tensor

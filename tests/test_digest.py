@@ -695,3 +695,15 @@ def test_native_simd_and_portable_loops_give_the_reference_digest(nbytes):
         if {"avx512f", "avx512dq", "avx512ifma"} <= flags:
             widest = "avx512"
         assert lib.loop() == widest
+
+
+def test_asking_whether_a_dtype_is_digestible_leaves_no_op_in_the_graph_being_built():
+    from nddebug import digest as dg
+
+    dg._bitcast_ok.cache_clear()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant([1.0], tf.float16)
+        before = len(graph.get_operations())
+        assert digestible(x.dtype)
+        assert len(graph.get_operations()) == before

@@ -171,3 +171,55 @@ def test_twins_on_both_paths(native: str, monkeypatch: pytest.MonkeyPatch) -> No
     twin = made[step.get_concrete_function(x).name.decode()]
     assert not {t for t in _op_types(twin) if t.startswith("Nddebug") or t == "EagerPyFunc"}
     assert [g.tobytes() for g in got] == [e.tobytes() for e in expected]
+
+
+def test_no_twin_for_ops_whose_kernels_keep_state_and_the_draws_go_on() -> None:
+    # Legacy random ops draw from a generator their kernel instance holds: a twin (another
+    # FunctionDef, other kernels) started the stream again, and every later step of the run
+    # differed from the plain program's.
+    def run(traced: bool) -> list[bytes]:
+        tf.random.set_seed(7)
+
+        @tf.function
+        def draw(x: Any) -> Any:
+            u = tf.random.uniform([64], seed=3)
+            return tf.nn.dropout(x * u, rate=0.5, seed=5) + tf.random.shuffle(u, seed=9)
+
+        x = tf.ones([64])
+        out = []
+        for i in range(4):
+            if traced and i in (0, 2):
+                with nddebug.trace():
+                    out.append(draw(x).numpy().tobytes())
+            else:
+                out.append(draw(x).numpy().tobytes())
+        if traced:
+            name = draw.get_concrete_function(x).name.decode()
+            assert name in plain.twins() and plain.twins()[name] is None
+        return out
+
+    with on_cpu():
+        expected = run(traced=False)
+        assert len(set(expected)) == 4  # each step draws anew
+        assert run(traced=True) == expected
+
+
+def test_a_users_callback_in_a_scope_called_nddebug_still_runs() -> None:
+    calls: list[float] = []
+
+    def log(x: Any) -> Any:
+        calls.append(float(x))
+        return x
+
+    @tf.function
+    def f(x: Any) -> Any:
+        with tf.name_scope("nddebug"):
+            tf.py_function(log, [x], tf.float32)  # for its side effect alone
+        return x * 2
+
+    with on_cpu():
+        with nddebug.trace():
+            f(tf.constant(1.0))
+        f(tf.constant(2.0))
+        f(tf.constant(3.0))
+    assert calls == [1.0, 2.0, 3.0]

@@ -17,6 +17,16 @@ function. What the user's ops compute is untouched: an op of nddebug's that a us
 (the GPU-emulation switch) stays, and a function where taking nddebug's ops out would cut
 an edge into the user's ops gets no twin and runs instrumented, as before.
 
+Nor does a function that holds an op whose kernel keeps state from one execution to the
+next (the legacy random ops: ``tf.random.uniform``, ``tf.nn.dropout``, ``tf.random.shuffle``
+draw from a generator each kernel instance holds; a queue or table made without a shared
+name). A twin is another FunctionDef, so it gets other kernel instances: its first call
+drew the numbers the instrumented function had drawn in its first call, and every later
+step of the run differed from the plain program's. Stateful ops whose state lives in a
+resource they are handed (variables, iterators, ``tf.random.Generator``) or that keep none
+(prints, asserts, Python callbacks, collectives) are safe; an op nddebug does not know is
+taken for one that keeps state.
+
 The call patch is :func:`nddebug.tracer.opaque._patch_call_function`'s path for calls that no
 block's hook takes; inside a block (and for other threads' calls while one is open) the
 instrumented function runs, as it must.
@@ -27,16 +37,47 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from nddebug.tracer import ops
+from nddebug.tracer import ops, unneeded
 from nddebug.tracer.registry import REGISTRY
 
 #: What a twin's name ends with (TensorFlow function names allow letters, digits and _).
 SUFFIX = "_nddebug_plain"
-#: nddebug's host callbacks (pure-TF path, rerun mode) are these op types in its name scope.
-_CALLBACKS = frozenset({"PyFunc", "EagerPyFunc"})
+#: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate).
+_EMULATION = "/emulate_gpu/"
 #: Stateful op types of nddebug's name scope that may go when nothing reads them.
 _READS = frozenset({"VarHandleOp", "ReadVariableOp"})
-_SCOPE = "nddebug"
+#: Stateful ops that take no resource and keep no state in their kernel from one execution
+#: to the next: a twin's own instances of them compute what the instrumented function's
+#: would. (Function calls, branches and loops are looked into.)
+_NO_KERNEL_STATE = frozenset(
+    {
+        "Assert",
+        "EagerPyFunc",
+        "Print",
+        "PrintV2",
+        "PyFunc",
+        "Timestamp",
+        "_Recv",
+        "_Send",
+        "_HostRecv",
+        "_HostSend",
+        "CollectiveReduce",
+        "CollectiveGather",
+        "CollectiveBcastSend",
+        "CollectiveBcastRecv",
+        "CollectiveReduceV2",
+        "CollectiveReduceV3",
+        "CollectiveGatherV2",
+        "CollectiveBcastSendV2",
+        "CollectiveBcastRecvV2",
+        "CollectiveAllToAllV2",
+        "CollectiveAllToAllV3",
+        "CollectiveReduceScatterV2",
+        "CollectiveInitializeCommunicator",
+        "CollectiveAssignGroupV2",
+        "NcclAllReduce",
+    }
+)
 
 _lock = threading.Lock()
 # Instrumented function name -> its twin's name, or None where it has none.
@@ -65,9 +106,14 @@ def twins() -> dict[str, str | None]:
 
 
 def _ours(node: Any) -> bool:
+    """nddebug's op: its own types, and host callbacks that call nddebug's Python."""
     if node.op.startswith("Nddebug"):
         return True
-    return node.op in _CALLBACKS and _SCOPE in node.name.split("/")
+    return node.op in unneeded.CALLBACKS and unneeded.callback_is_nddebugs(node.attr["token"].s)
+
+
+def _in_scope(name: str) -> bool:
+    return bool(unneeded._OURS_SCOPE.search(name + "/"))
 
 
 def _stateless(op_type: str) -> bool:
@@ -97,7 +143,7 @@ def strip(fdef: Any) -> Any | None:
     while changed:  # what only nddebug's dropped ops read goes too
         changed = False
         for n in fdef.node_def:
-            if n.name in drop or n.name in returned or _SCOPE not in n.name.split("/"):
+            if n.name in drop or n.name in returned or not _in_scope(n.name):
                 continue
             if not (n.op in _READS or _stateless(n.op)):
                 continue
@@ -142,7 +188,7 @@ def _make(ctx: Any, name: str, making: set[str]) -> str | None:
         fdef = ctx.get_function_def(name)
     except Exception:  # noqa: BLE001 - removed from the context (its function was freed)
         fdef = None
-    if fdef is not None:
+    if fdef is not None and _kernel_state(ctx, fdef, set()) is None:
         plain = strip(fdef)
         if plain is not None and _plain_callees(ctx, plain, making):
             if plain == fdef:  # nothing of nddebug's in it: the function is its own twin
@@ -156,6 +202,53 @@ def _make(ctx: Any, name: str, making: set[str]) -> str | None:
                     twin = None
     _twins[name] = twin
     return twin
+
+
+def _kernel_state(ctx: Any, fdef: Any, seen: set[str]) -> str | None:
+    """The first op of ``fdef`` (or of a function it calls, a branch, a loop body) whose
+    kernel may keep state from one execution to the next; None where there is none."""
+    from tensorflow.python.framework import op_def_registry
+
+    seen.add(fdef.signature.name)
+    for node in fdef.node_def:
+        if _ours(node) or _EMULATION in node.name:
+            continue  # emulate_gpu's random masks: used only while its switch is on
+        callees = [v.func.name for v in node.attr.values() if v.HasField("func")]
+        callees += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
+        op_def = op_def_registry.get(node.op)
+        if op_def is None:
+            callees.append(node.op)  # a call by the function's own name
+        elif op_def.is_stateful and not _state_elsewhere(node, op_def):
+            return f"{node.op} ({node.name})"
+        for name in callees:
+            if name in seen:
+                continue
+            try:
+                callee = ctx.get_function_def(name)
+            except Exception:  # noqa: BLE001 - neither an op nor a function we can read
+                return f"{name} ({node.name})"
+            found = _kernel_state(ctx, callee, seen)
+            if found is not None:
+                return found
+    return None
+
+
+def _state_elsewhere(node: Any, op_def: Any) -> bool:
+    """Whether a stateful op keeps no state in its kernel: it is handed the resource that
+    holds it, makes a fresh one per execution, finds one by a shared name, keeps none, or is
+    a call, branch or loop (looked into by the caller)."""
+    from tensorflow.core.framework import types_pb2
+
+    if node.op in _NO_KERNEL_STATE or node.op.startswith("Anonymous"):
+        return True
+    if any(arg.type == types_pb2.DT_RESOURCE for arg in op_def.input_arg):
+        return True
+    if node.op in ("StatefulPartitionedCall", "If", "While", "Case"):
+        return True
+    shared = node.attr["shared_name"].s if "shared_name" in node.attr else b""
+    return bool(shared) or (
+        "use_node_name_sharing" in node.attr and node.attr["use_node_name_sharing"].b
+    )
 
 
 def _plain_callees(ctx: Any, fdef: Any, making: set[str]) -> bool:

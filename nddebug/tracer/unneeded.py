@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nddebug.switch import SWITCH_PREFIX
+from nddebug.tracer import ops
 from nddebug.tracer.registry import REGISTRY
 
 #: An op nddebug made: its type, or a "nddebug" name scope in its name.
@@ -29,8 +31,40 @@ _CUT = "<records cut>"
 
 
 def ours(op: Any) -> bool:
-    """Whether nddebug made this op (digests, records, the trace switch's read)."""
-    return op.type.startswith("Nddebug") or bool(_OURS_SCOPE.search(op.name))
+    """Whether nddebug made this op (digests, records, the trace switch's read). In its name
+    scope, a stateful op is nddebug's only where it is one of nddebug's kinds (a host callback
+    into nddebug's Python, a switch's read): a user's ``tf.py_function`` or ``tf.print`` in a
+    scope of their own called "nddebug" must still run as the user's."""
+    if op.type.startswith("Nddebug"):
+        return True
+    if not _OURS_SCOPE.search(op.name):
+        return False
+    op_def = ops.op_def(op.type)
+    if op_def is None or not op_def.is_stateful:
+        return True  # digest arithmetic, rerun copies
+    if op.type in CALLBACKS:
+        return callback_is_nddebugs(op.get_attr("token"))
+    if op.type == "ReadVariableOp":
+        return ours(op.inputs[0].op)
+    if op.type == "VarHandleOp":
+        return ops.as_str(op.get_attr("shared_name")).startswith(SWITCH_PREFIX)
+    return False
+
+
+#: Host callback op types (tf.numpy_function, tf.py_function).
+CALLBACKS = frozenset({"PyFunc", "EagerPyFunc"})
+
+
+def callback_is_nddebugs(token: Any) -> bool:
+    """Whether a host callback's registered Python function is nddebug's own."""
+    try:
+        from tensorflow.python.ops import script_ops
+
+        fn = script_ops._py_funcs.get(ops.as_str(token))
+    except Exception:  # noqa: BLE001 - TensorFlow's registry moved: not provably ours
+        return False
+    fn = getattr(fn, "_func", fn)  # an EagerFunc wraps the Python function
+    return (getattr(fn, "__module__", "") or "").startswith("nddebug.")
 
 
 def needed(graph: Any) -> set[Any]:
