@@ -210,17 +210,15 @@ def digestible(dtype: Any) -> bool:
 
 @functools.cache
 def _bitcast_ok(dtype: Any) -> bool:
-    import tensorflow as tf
-    from tensorflow.python.eager import context
+    """Whether ``tf.bitcast`` reads this dtype's bits: the Bitcast op's own list of types.
+    Read from the op's definition, not by running one: asked while a function is built, a
+    probe op was left in the user's graph, and run eagerly it was TensorFlow work on a
+    replica's thread (MirroredStrategy traces its replicas' steps in threads)."""
+    from tensorflow.python.framework import op_def_registry
 
-    try:
-        # Eagerly, outside any graph being built: asked while a function (or a TF1 graph)
-        # is built, the probe's ops were left in the user's graph.
-        with context.eager_mode():
-            tf.bitcast(tf.zeros([1], dtype), tf.uint8)
-    except Exception:  # noqa: BLE001 - any failure means "cannot read the bits"
-        return False
-    return True
+    op_def = op_def_registry.get("Bitcast")
+    allowed = next(a for a in op_def.attr if a.name == "T").allowed_values.list.type
+    return dtype.base_dtype.as_datatype_enum in allowed
 
 
 def build_digest(tensor: Any, use_matmul: bool, active: Any = None) -> Any:

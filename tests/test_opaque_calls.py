@@ -253,3 +253,17 @@ def test_a_nested_xla_function_traced_before_the_check_is_said_in_every_run() ->
     report = nddebug.check(step, x, repeats=2, state=w)
     assert report.ok
     assert any(w.endswith(XLA_NOTE) and "compiled" in w for w in report.warnings), report.warnings
+
+
+def test_a_pretraced_function_called_from_two_lines_is_named_once() -> None:
+    @tf.function
+    def f(x):
+        return tf.sin(x) * 2.0
+
+    x = tf.ones([3])
+    f(x)  # traced before the block: uninstrumented inside it
+    with nddebug.trace() as rec:
+        f(x)
+        f(x + 1.0)
+    said = [w for w in rec.warnings if "ran uninstrumented" in w]
+    assert len(said) == 1, rec.warnings

@@ -242,13 +242,14 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             rec.xla_functions.add(op_type)
         elif function == "uninstrumented":
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
-            rec.recording.warnings.append(
+            ops.warn_once(
+                rec.recording,
                 f"Function {op_type} ran uninstrumented: it was traced before "
                 "nddebug.trace() was entered, so only its inputs, its outputs and the variables "
                 "it captures are compared, not the ops inside it. Create or first call the "
                 "tf.function inside the block, or give it to nddebug.check() as the step "
                 "itself: check() retraces the function it is given, not the tf.functions that "
-                "a Python step calls."
+                "a Python step calls.",
             )
     seq = rec.next_seq()
     ev = Event(
