@@ -223,3 +223,46 @@ def test_a_users_callback_in_a_scope_called_nddebug_still_runs() -> None:
         f(tf.constant(2.0))
         f(tf.constant(3.0))
     assert calls == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_a_savedmodel_written_inside_a_block_loads_without_nddebug(
+    emulate: bool, tmp_path: Any
+) -> None:
+    # `nddebug run --all` puts a whole script in a block, its model export too: the SavedModel
+    # held nddebug's ops ("Op type not registered 'NddebugDigestRecord'" where it was loaded).
+    # Under emulate_gpu() the function also reads the emulation switch: read as off.
+    from tests.helpers import run_python
+
+    class Model(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.linspace(0.5, 1.5, 8))
+
+        @tf.function(input_signature=[tf.TensorSpec([8], tf.float32), tf.TensorSpec([8], tf.int32)])
+        def predict(self, x: Any, ids: Any) -> Any:
+            h = tf.math.unsorted_segment_sum(tf.tanh(x * self.w), ids, 4)
+            return tf.cond(tf.reduce_sum(h) > 0, lambda: h * 2.0, lambda: h - 1.0)
+
+    x, ids = tf.linspace(-1.0, 1.0, 8), tf.constant([0, 1, 2, 3, 0, 1, 2, 3])
+    with on_cpu():
+        reference = Model()  # held: a tf.function method holds its instance weakly
+        expected = reference.predict(x, ids).numpy()
+        model = Model()
+        with nddebug.trace(emulate_gpu=emulate) as rec:
+            model.predict(x, ids)
+            tf.saved_model.save(model, str(tmp_path / "model"))
+    assert rec.events
+    saved = (tmp_path / "model" / "saved_model.pb").read_bytes()
+    assert b"Nddebug" not in saved
+    out = run_python(
+        f"""
+        import json, sys
+        import tensorflow as tf
+        m = tf.saved_model.load({str(tmp_path / "model")!r})
+        got = m.predict(tf.linspace(-1.0, 1.0, 8), tf.constant([0, 1, 2, 3, 0, 1, 2, 3]))
+        print(json.dumps({{"got": got.numpy().tolist(), "nddebug": "nddebug" in sys.modules}}))
+        """,
+        env={"CUDA_VISIBLE_DEVICES": "-1"},
+    )
+    assert not out["nddebug"]
+    assert np.array_equal(np.asarray(out["got"], np.float32), expected)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from nddebug.switch import SWITCH_PREFIX
 from nddebug.tracer import ops, unneeded
 from nddebug.tracer.registry import REGISTRY
 
@@ -127,53 +128,169 @@ def _source(inp: str) -> str:
     return inp.lstrip("^").split(":", 1)[0]
 
 
-def strip(fdef: Any) -> Any | None:
+def strip(fdef: Any, switches_off: bool = False) -> Any | None:
     """A copy of ``fdef`` without nddebug's ops (its function attrs unchanged), or None where
-    one of the user's ops or the outputs read a value of nddebug's."""
+    one of the user's ops or the outputs read a value of nddebug's. With ``switches_off``
+    (a function that leaves this process, see :func:`plain_graph_def`) the reads of
+    nddebug's switches that are left (GPU emulation's) become constant zeros."""
     from tensorflow.core.framework import function_pb2
 
-    readers: dict[str, set[str]] = {n.name: set() for n in fdef.node_def}
-    for n in fdef.node_def:
+    returned = {_source(v) for v in fdef.ret.values()}
+    nodes = _strip_nodes(fdef.node_def, returned, switches_off, function=True)
+    if nodes is None:
+        return None
+    out = function_pb2.FunctionDef()
+    out.CopyFrom(fdef)
+    if len(nodes) == len(fdef.node_def) and not switches_off:
+        return out
+    del out.node_def[:]
+    out.node_def.extend(nodes)
+    kept = {n.name for n in nodes}
+    for key in [k for k, v in fdef.control_ret.items() if _source(v) not in kept]:
+        del out.control_ret[key]
+    outputs = [c for c in fdef.signature.control_output if c in out.control_ret]
+    del out.signature.control_output[:]
+    out.signature.control_output.extend(outputs)
+    return out
+
+
+def _strip_nodes(
+    nodes: Any, returned: set[str], switches_off: bool, function: bool
+) -> list[Any] | None:
+    """``nodes`` (NodeDefs of a function, or of a graph) without nddebug's ops and what only
+    they read, control edges from them dropped; None where a kept node or an output reads a
+    value of nddebug's."""
+    from tensorflow.core.framework import node_def_pb2
+
+    by_name = {n.name: n for n in nodes}
+    zeros = _switch_reads(by_name) if switches_off else set()
+    readers: dict[str, set[str]] = {name: set() for name in by_name}
+    for n in nodes:
+        if n.name in zeros:
+            continue  # becomes a constant: reads nothing
         for inp in n.input:
             if not inp.startswith("^") and _source(inp) in readers:
                 readers[_source(inp)].add(n.name)
-    returned = {_source(v) for v in fdef.ret.values()}
-    drop = {n.name for n in fdef.node_def if _ours(n)}
+    drop = {n.name for n in nodes if _ours(n)}
     changed = True
     while changed:  # what only nddebug's dropped ops read goes too
         changed = False
-        for n in fdef.node_def:
-            if n.name in drop or n.name in returned or not _in_scope(n.name):
+        for n in nodes:
+            if n.name in drop or n.name in returned or n.name in zeros or not _in_scope(n.name):
                 continue
             if not (n.op in _READS or _stateless(n.op)):
                 continue
             if readers[n.name] <= drop:
                 drop.add(n.name)
                 changed = True
-    out = function_pb2.FunctionDef()
-    out.CopyFrom(fdef)
-    if not drop:
-        return out
-    del out.node_def[:]
-    for n in fdef.node_def:
+    if returned & drop:
+        return None
+    kept_nodes = []
+    for n in nodes:
         if n.name in drop:
             continue
-        kept = out.node_def.add()
+        kept = node_def_pb2.NodeDef()
+        if n.name in zeros:
+            kept.CopyFrom(_zero(n))
+            kept_nodes.append(kept)
+            continue
         kept.CopyFrom(n)
         del kept.input[:]
         for inp in n.input:
-            if _source(inp) not in drop:
-                kept.input.append(inp)
-            elif not inp.startswith("^"):
-                return None  # a user op reads one of nddebug's values
-    if returned & drop:
-        return None
-    for key in [k for k, v in fdef.control_ret.items() if _source(v) in drop]:
-        del out.control_ret[key]
-    outputs = [c for c in fdef.signature.control_output if c in out.control_ret]
-    del out.signature.control_output[:]
-    out.signature.control_output.extend(outputs)
-    return out
+            src = _source(inp)
+            if src in drop:
+                if not inp.startswith("^"):
+                    return None  # a user op reads one of nddebug's values
+                continue
+            if function and src in zeros and not inp.startswith("^"):
+                inp = f"{src}:output:0"  # a Const's output, where it was ReadVariableOp's
+            kept.input.append(inp)
+        kept_nodes.append(kept)
+    return kept_nodes
+
+
+def _switch_reads(by_name: dict[str, Any]) -> set[str]:
+    """The ReadVariableOps of nddebug's switches among ``by_name``."""
+    found = set()
+    for n in by_name.values():
+        if n.op != "ReadVariableOp" or not n.input:
+            continue
+        handle = by_name.get(_source(n.input[0]))
+        if handle is not None and handle.op == "VarHandleOp":
+            if handle.attr["shared_name"].s.decode().startswith(SWITCH_PREFIX):
+                found.add(n.name)
+    return found
+
+
+def _zero(read: Any) -> Any:
+    """A switch's read as the constant 0 (off), with the read's name and device."""
+    import tensorflow as tf
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name=read.name, op="Const", device=read.device)
+    node.attr["dtype"].type = tf.int32.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, tf.int32))
+    return node
+
+
+def plain_graph_def(graph_def: Any) -> list[str]:
+    """Take nddebug's ops out of a GraphDef that leaves this process (a SavedModel being
+    written), in place: from its nodes and from every function of its library, under their
+    own names, with the switches TensorFlow elsewhere does not have read as off. A SavedModel
+    written while a block was open (``nddebug run --all`` around a script that exports its
+    model) held nddebug's ops, and TensorFlow could not load it without them ("Op type not
+    registered 'NddebugDigestRecord'"). Returns the functions it could not clean."""
+    failed = []
+    for i, fdef in enumerate(graph_def.library.function):
+        if not any(_ours(n) or n.op == "VarHandleOp" for n in fdef.node_def):
+            continue
+        stripped = strip(fdef, switches_off=True)
+        if stripped is None:
+            failed.append(fdef.signature.name)
+        else:
+            graph_def.library.function[i].CopyFrom(stripped)
+    if any(_ours(n) for n in graph_def.node):
+        nodes = _strip_nodes(graph_def.node, set(), True, function=False)
+        if nodes is None:
+            failed.append("the graph's own nodes")
+        else:
+            del graph_def.node[:]
+            graph_def.node.extend(nodes)
+    return failed
+
+
+_saving_hooked = False
+
+
+def hook_saved_model() -> None:
+    """Have ``tf.saved_model.save`` (Keras' ``model.export`` too) write the plain program:
+    its GraphDef goes through :func:`plain_graph_def` before TensorFlow checks and writes it.
+    Installed at the first trace, for good."""
+    global _saving_hooked
+    if _saving_hooked:
+        return
+    try:
+        from tensorflow.python.saved_model import save as save_lib
+
+        original = save_lib._verify_ops
+    except (ImportError, AttributeError):
+        return  # another TensorFlow: nothing to hook
+    import warnings
+
+    def _verify_ops(graph_def: Any, namespace_whitelist: Any) -> Any:
+        failed = plain_graph_def(graph_def)
+        if failed:
+            warnings.warn(
+                "nddebug: the SavedModel keeps nddebug's ops in "
+                + ", ".join(failed[:3])
+                + ": TensorFlow without nddebug cannot load it. Save it outside trace().",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return original(graph_def, namespace_whitelist)
+
+    save_lib._verify_ops = _verify_ops
+    _saving_hooked = True
 
 
 def _make(ctx: Any, name: str, making: set[str]) -> str | None:

@@ -13,7 +13,7 @@ from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
 from nddebug.recording import NOT_COMPARED, Event, OpInfo, Recording
-from nddebug.tracer import calls, eager, instrument, opaque, ops, rerun, session, transport
+from nddebug.tracer import calls, eager, instrument, opaque, ops, plain, rerun, session, transport
 from nddebug.tracer.fairlock import FairRLock
 from nddebug.tracer.location import hook_autograph, library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
@@ -183,6 +183,7 @@ class Recorder:
         instrument.hook_pfor()
         instrument.hook_statefulness()
         calls.hook_function_calls()
+        plain.hook_saved_model()
         calls.listen(self.end_outer_call)
         with self.call_lock:
             # Calls other threads started before the hook was this block's must end first.
