@@ -83,6 +83,15 @@ def known_risks(
             # The op, then the kernels recorded with it as one unit (OpInfo.fused): they ran
             # too, their outputs were only not digested apart; a key names each.
             members = [(op.key, op.op_type, op.op_name), *((k, t, k) for k, t in op.fused.items())]
+            if op.function == "uninstrumented":
+                # A call of a function traced before the block: its ops ran unseen, but what
+                # they are is known (OpInfo.attrs["ops_inside"]); a known culprit among them
+                # is a risk of the call (and under emulate_gpu() it was not emulated).
+                members += [
+                    (f"{op.key} > {t}", t, f"{t} inside {op.op_name or op.op_type}")
+                    for t in op.attrs.get("ops_inside", [])
+                    if "(" not in t
+                ]
             if op.attrs.get("races_with") and op.key not in seen and race is not None:
                 # A TF1 read or update that no path orders with a write of its variable in
                 # the same Session.run (tracer.session): runs where it did not show are not

@@ -54,6 +54,29 @@ def test_risk_pass_follows_device_and_op_determinism() -> None:
     assert known_risks([_recording("MatMul", cpu, False)], []) == []
 
 
+def test_a_known_culprit_inside_a_pretraced_function_is_a_risk() -> None:
+    # A function traced before the block runs unseen; its op types are known, and a culprit
+    # among them ran. Under emulate_gpu() a GPU culprit there was not emulated: "reproducible"
+    # would have rested on a CPU kernel's luck.
+    @tf.function
+    def segment(d, i):
+        return tf.math.unsorted_segment_sum(d * 2.0, i, 4)
+
+    d = tf.ones([64])
+    i = tf.constant(np.arange(64) % 4, tf.int32)
+    with tf.device("/CPU:0"):
+        segment(d, i)  # traced before the block
+        report = nddebug.check(lambda: segment(d, i), repeats=2, confirm=0)
+        with nddebug.emulate_gpu():
+            emulated = nddebug.check(lambda: segment(d, i), repeats=2, confirm=0)
+    info = report.other_device_risks  # a GPU culprit on a CPU: information
+    assert "UnsortedSegmentSum" in set(info["op_type"]) and report.ok
+    risks = emulated.risks
+    row = risks[risks["op_type"] == "UnsortedSegmentSum"]
+    assert len(row) == 1 and not emulated.ok
+    assert "inside" in row["op_name"].iloc[0]
+
+
 def test_integer_sums_of_an_order_culprit_are_no_risk() -> None:
     """Bincount's CPU race is the order in which float weights are summed: counts (integer
     outputs, as a ragged reduce_mean's row lengths) are exact in any order; weighted float
