@@ -50,6 +50,36 @@ def iterators_carried_over(first: Recording, second: Recording) -> dict[str, str
     return dict(found for res, found in reads(first).items() if res in again)
 
 
+def iterators_from_before(rec: Recording, first_new_id: int) -> list[str]:
+    """The iterator reads of ``rec`` (eager ``IteratorGetNext``) whose iterator existed before
+    the check began: its handle is older than ``first_new_id`` (TensorFlow numbers eager
+    tensors in the order it makes them), as "op type at location"."""
+    found = set()
+    for op in rec.ops.values():
+        if not (op.op_type.startswith("IteratorGetNext") and op.resource.startswith("eager:")):
+            continue
+        handle = op.resource.removeprefix("eager:")
+        if handle.isdigit() and int(handle) < first_new_id:
+            found.add(f"{op.op_type} at {op.location}" if op.location else op.op_type)
+    return sorted(found)
+
+
+def _moved_iterator_note(older: list[str]) -> str:
+    """Rerun mode's warning for a step that reads an iterator made before check() ("" if
+    none): the iterator goes on with every run, so the training after check() reads other
+    batches. (Repeat mode sees it in the repeats' inputs: :func:`_iterator_note`.)"""
+    if not older:
+        return ""
+    return (
+        f"The step takes the next element of an iterator made before check() "
+        f"({', '.join(older[:3])}): check() runs the step twice (the traced step and the "
+        "ordinary step at the end) and cannot rewind an iterator, so it leaves the iterator "
+        "further on than one ordinary step would, and the training that follows reads other "
+        "batches. Take the batch outside the step and pass it as an argument "
+        "(check(step, batch, ...))."
+    )
+
+
 def _iterator_note(report: Report, carried: dict[str, str], passed: bool) -> str:
     """The warning for repeats that read on from one iterator, where that made an iterator
     op diverge ("" otherwise): the pipeline is not to blame, the repeats' inputs differ."""
@@ -257,7 +287,16 @@ def check(
         """Warm up, run the compared repeats (or the one rerun step) and, if ops diverged,
         measure them on two capture runs of a freshly traced ``retrace()``."""
         runs: list[Recording] = []
+        from tensorflow.python.framework import ops as tf_ops
+
+        first_new_id = tf_ops.uid()
         warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
+        # Repeats that read on from such an iterator see other batches, and say so below.
+        moved = (
+            ""
+            if mode == "repeat"
+            else _moved_iterator_note(iterators_from_before(warm, first_new_id))
+        )
         if keeper.unreadable:
             warnings.append(
                 "Could not read the initial value of variable(s) created by the step "
@@ -318,6 +357,11 @@ def check(
                 for rec in runs:
                     rec.warnings.append(note)
                 report = Report(runs, mode=mode)
+        if moved:
+            warnings.append(moved)
+            for rec in runs:
+                rec.warnings.append(moved)
+            report = Report(runs, mode=mode)
         keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
         # Rerun mode measured divergent outputs as it went: no second pass.
         if quantify and keys and mode == "repeat":

@@ -681,6 +681,30 @@ def test_an_iterator_the_step_goes_on_reading_is_named(where: str) -> None:
         assert not named, report.warnings
 
 
+@pytest.mark.parametrize("where", ["captured", "made in the step"])
+def test_rerun_mode_says_it_moves_an_iterator_made_before_check(where: str) -> None:
+    """Rerun mode runs the step once traced and once more as the ordinary step: an iterator
+    made before check() is then two batches on, and the training that follows reads other
+    batches than without check(). Repeat mode sees that in its repeats' inputs; rerun mode
+    said nothing of it."""
+    ds = tf.data.Dataset.range(64).map(lambda x: tf.cast(x, tf.float32)).batch(4)
+    w = tf.Variable(1.0)
+    outer = iter(ds.repeat())
+
+    @tf.function
+    def step():
+        batch = next(iter(ds)) if where == "made in the step" else next(outer)
+        w.assign_add(tf.reduce_sum(batch) * 0.01)
+        return w.read_value()
+
+    report = nddebug.check(step, state=w, mode="rerun", rerun=2)
+    named = [x for x in report.warnings if "iterator made before check()" in x]
+    if where == "captured":
+        assert len(named) == 1 and "IteratorGetNext" in named[0], report.warnings
+    else:
+        assert not named, report.warnings
+
+
 def test_a_summary_written_with_a_python_step_counter_changes_no_verdict(tmp_path) -> None:
     """A summary write has no output and its step number differs in every call by design:
     it fills nothing the step reads back, so it is not a finding."""
