@@ -127,8 +127,8 @@ def test_static_shape_paths_match_numpy(name, n):
     t = tf.constant(a)
     assert t.dtype == tf.as_dtype(np_dtype(name))
     for use_matmul in (True, False):
-        # A tf.function with the full static shape, called eagerly (what the tracer runs for
-        # device tensors).
+        # A tf.function with the full static shape, called eagerly (one tensor at a time;
+        # the tracer digests an op's device tensors together, test_device_digests_...).
         fn = eager_digest_fn(t.dtype, tuple(a.shape), use_matmul)
         assert fn.input_signature[0].shape == a.shape
         assert pair(fn(t)) == ref

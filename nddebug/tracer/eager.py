@@ -45,7 +45,7 @@ def digest_eager_tensors(tensors: Any) -> list[dg.Digest | None]:
         if dtype is None or not dg.digestible(dtype):
             continue
         device = getattr(tensor, "device", "") or ""
-        if "GPU" not in device.upper() and "TPU" not in device.upper():
+        if not _on_accelerator(tensor):
             try:
                 array = tensor.numpy()
             except (TypeError, ValueError, tf.errors.OpError):
@@ -58,6 +58,11 @@ def digest_eager_tensors(tensors: Any) -> list[dg.Digest | None]:
         for (i, _), d in zip(items, device_digests(device, [t for _, t in items]), strict=True):
             out[i] = d
     return out
+
+
+def _on_accelerator(tensor: Any) -> bool:
+    device = (getattr(tensor, "device", "") or "").upper()
+    return "GPU" in device or "TPU" in device
 
 
 def device_digests(device: str, tensors: list[Any]) -> list[dg.Digest]:
@@ -114,10 +119,7 @@ def _prefetch(rec: Any, tensors: list[Any]) -> None:
     todo = []
     for t in tensors:
         tid = getattr(t, "_id", None)
-        if tid is None or tid in rec.eager_digests:
-            continue
-        device = (getattr(t, "device", "") or "").upper()
-        if "GPU" in device or "TPU" in device:
+        if tid is not None and tid not in rec.eager_digests and _on_accelerator(t):
             todo.append(t)
     if len(todo) > 1:
         for t, d in zip(todo, digest_eager_tensors(todo), strict=True):

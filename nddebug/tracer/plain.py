@@ -118,9 +118,7 @@ def _in_scope(name: str) -> bool:
 
 
 def _stateless(op_type: str) -> bool:
-    from tensorflow.python.framework import op_def_registry
-
-    op_def = op_def_registry.get(op_type)
+    op_def = ops.op_def(op_type)
     return op_def is not None and not op_def.is_stateful
 
 
@@ -324,15 +322,13 @@ def _make(ctx: Any, name: str, making: set[str]) -> str | None:
 def _kernel_state(ctx: Any, fdef: Any, seen: set[str]) -> str | None:
     """The first op of ``fdef`` (or of a function it calls, a branch, a loop body) whose
     kernel may keep state from one execution to the next; None where there is none."""
-    from tensorflow.python.framework import op_def_registry
-
     seen.add(fdef.signature.name)
     for node in fdef.node_def:
         if _ours(node) or _EMULATION in node.name:
             continue  # emulate_gpu's random masks: used only while its switch is on
         callees = [v.func.name for v in node.attr.values() if v.HasField("func")]
         callees += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
-        op_def = op_def_registry.get(node.op)
+        op_def = ops.op_def(node.op)
         if op_def is None:
             callees.append(node.op)  # a call by the function's own name
         elif op_def.is_stateful and not _state_elsewhere(node, op_def):
