@@ -2,10 +2,11 @@
 
 On every machine: the shipped PTX is what the kernel source compiles to (where NVRTC is
 installed), and without a GPU the native library reports no GPU kernels, so the CPU and
-pure-TF paths stay as they were. On a GPU machine: the fused op's digests, computed on the
-device, equal the host reference for every dtype and for shapes that cover each kernel path
-(one block; many blocks; a partial last word; an unaligned slice), in eager mode and in a
-graph, and the rows reach the buffer with the input digests in place.
+pure-TF paths stay as they were. On a GPU machine: the digests that the fused op and the
+digest op compute on the device equal the host reference for every dtype and for shapes that
+cover each kernel path (one block; many blocks; a partial last word; an unaligned slice), in
+eager mode and in a graph, and the rows of the fused op and the record op reach the buffer
+with the input digests in place.
 """
 
 from __future__ import annotations
@@ -129,3 +130,47 @@ def test_gpu_kernels_in_a_graph_outside_and_inside_a_block() -> None:
     # The rows came through drains of the buffer, not one host callback per op.
     assert transport.COUNTS["drains"] > before.get("drains", 0)
     assert transport.COUNTS["callbacks"] == before.get("callbacks", 0)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_digest_op_equals_the_host_reference_and_reads_nothing_with_the_gate_off(
+    dtype: str,
+) -> None:
+    # NddebugDigest digests what feeds a recorded op from outside it (a function's arguments):
+    # on the GPU, where the tensors live. int32 and strings are in host memory there.
+    lib = native.load()
+    assert lib is not None and lib.gpu, native.problem()
+    arrays = [random_array(dtype, n) for n in (0, 3, 2**15 * 8 // 4 + 1, 300_001)]
+    with tf.device("/GPU:0"):
+        xs = [tf.constant(a) for a in arrays]
+        on = lib.digest(tf.constant(1), xs)
+        off = lib.digest(tf.constant(0), xs)
+    assert [tuple(r) for r in on.numpy().tolist()] == [digest_numpy(a) for a in arrays]
+    assert off.numpy().tolist() == [[0, 0]] * len(arrays)
+
+
+@gpu_only
+def test_gpu_record_op_rows_hold_the_device_digests_and_nothing_outside_a_block() -> None:
+    lib = native.load()
+    assert lib is not None and lib.gpu
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(70_001).astype(np.float32)
+    b = rng.integers(0, 9, 33, dtype=np.int64)
+    transport.drain()
+    transport.set_active(True)
+    try:
+        with tf.device("/GPU:0"):
+            ta, tb = tf.constant(a), tf.constant(b)
+            both = lib.digest(tf.constant(1), [ta, tb])  # [2, 2] on the device
+            (da,) = lib.digest_record(21, [ta], [])  # [1, 2]
+            lib.record(22, [da], [both])
+        rows = {i: (outs, ins) for i, outs, ins in transport.drain()}
+    finally:
+        transport.set_active(False)
+    want_a, want_b = digest_numpy(a), digest_numpy(b)
+    assert [tuple(o) for o in rows[22][0]] == [want_a]
+    assert [tuple(i) for i in rows[22][1]] == [want_a, want_b]
+    with tf.device("/GPU:0"):
+        lib.record(23, [da], [both])  # no block: no row
+    assert [r for r in transport.drain() if r[0] == 23] == []

@@ -138,7 +138,7 @@ def synthetic(label: str = "synthetic", n_events: int = 6, seq0: int = 0) -> Rec
         function="instrumented",
         rerun="stateful",
         written=["dense/kernel:0"],
-        fused={"f/While/body/Sqrt": "Sqrt", "f/While/body/tränïng \"q\"": "Mul"},
+        fused={"f/While/body/Sqrt": "Sqrt", 'f/While/body/tränïng "q"': "Mul"},
     )
     rec.ops[3] = OpInfo(
         op_id=3,

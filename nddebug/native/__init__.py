@@ -16,7 +16,9 @@ Why optional: a compiler or TensorFlow's headers may be missing. Then the tracer
 pure-TF digest and one host callback per op, and the recording says so in a warning.
 ``NDDEBUG_NATIVE=0`` chooses that path on purpose.
 
-On a GPU the fused op digests on the device: ``nddebug_digest.cu`` holds the kernels, and
+On a GPU all three ops run on the device (the fused op, the digest op for function arguments
+and the record op for outputs digested already), so no tensor crosses to the host inside a
+step: ``nddebug_digest.cu`` holds the kernels, and
 ``nddebug_digest.ptx`` beside it is what NVRTC compiles them to (``python -m nddebug.native
 ptx`` regenerates it where NVRTC is installed, e.g. ``pip install nvidia-cuda-nvrtc-cu12``).
 The library hands the PTX to the CUDA driver, which compiles it for the GPU at hand, so

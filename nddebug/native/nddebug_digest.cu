@@ -6,8 +6,9 @@
 // The sums wrap around mod 2**64, so any split of the words gives the same digest: large
 // tensors are summed by many blocks (nddebug_digest_parts, one partial pair per block) and
 // the partials added by nddebug_finish in block order; small ones by nddebug_finish alone.
-// nddebug_finish then writes each digest to the op's output tensor and, with the op's input
-// digests, to the op's row in pinned host memory that the host reads after the call.
+// nddebug_finish then writes each digest to the op's output tensor (where it has one) and, with
+// the op's input digests, to the op's row in pinned host memory (where it has one) that the host
+// reads after the call.
 // No atomics, no floating point: the result is the CPU's bit for bit.
 
 typedef unsigned long long u64;
@@ -168,13 +169,18 @@ extern "C" __global__ void nddebug_finish(FinishArgs args) {
       a += d.nbytes * 0x9E3779B97F4A7C15ULL;
     }
     if (threadIdx.x == 0) {
-      u64* out = (u64*)d.out;
-      out[0] = a;
-      out[1] = b;
-      row[2 * d.slot] = a;
-      row[2 * d.slot + 1] = b;
+      if (d.out) {
+        u64* out = (u64*)d.out;
+        out[0] = a;
+        out[1] = b;
+      }
+      if (row) {
+        row[2 * d.slot] = a;
+        row[2 * d.slot + 1] = b;
+      }
     }
   }
+  if (!row) return;  // a digest op: no row
   for (unsigned int i = 0; i < args.n_in; ++i) {
     const InDesc d = args.in[i];
     const u64* src = (const u64*)d.ptr;

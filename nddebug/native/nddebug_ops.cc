@@ -717,6 +717,98 @@ class DigestRecordOp : public OpKernel {
   std::vector<int64_t> in_static_at_;
 };
 
+// Queues on stream the kernels that digest xs[i] into the device pair outs[i] (when not 0)
+// and, where row_dev is not 0, into the row's pair slot i; and that copy each of ins (device
+// digest pairs) into the row. Tensors TensorFlow keeps in host memory (int32, strings) are
+// digested here on the host. Large tensors get partial sums first, in temps, which must live
+// until Compute returns: the allocator hands their memory on only to work queued after ours.
+// Called with g_mutex held and the stream's context current.
+tensorflow::Status launch_digests(OpKernelContext* ctx, CUstream stream, const GpuModule& mod,
+                                  const std::vector<const Tensor*>& xs,
+                                  const std::vector<bool>& on_host,
+                                  const std::vector<uint64_t>& outs, CUdeviceptr row_dev,
+                                  const std::vector<InDesc>& ins, std::vector<Tensor>* temps) {
+  std::vector<XDesc> xd;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = *xs[i];
+    XDesc d{};
+    d.out = outs[i];
+    d.slot = i;
+    if (!tensorflow::DataTypeCanUseMemcpy(x.dtype()) &&
+        !(on_host[i] && x.dtype() == tensorflow::DT_STRING)) {
+      return tensorflow::errors::InvalidArgument("nddebug: cannot read the bytes of ",
+                                                 tensorflow::DataTypeString(x.dtype()));
+    }
+    if (on_host[i]) {  // (strings always are)
+      std::string buf;
+      const char* data = nullptr;
+      int64_t nbytes = 0;
+      TF_RETURN_IF_ERROR(host_bytes(x, &buf, &data, &nbytes));
+      uint64_t lo, hi;
+      digest_bytes(data, nbytes, nullptr, &lo, &hi);
+      d.data = lo;
+      d.nbytes = hi;
+      d.nparts = ~uint64_t{0};
+    } else {
+      const auto bytes = x.tensor_data();
+      d.data = reinterpret_cast<uint64_t>(bytes.data());
+      d.nbytes = bytes.size();
+      const uint64_t words = (d.nbytes + 7) / 8;
+      if (words > kSmallWords) {
+        const uint64_t rows = (words + kBlock - 1) / kBlock;
+        const uint64_t grid = std::min<uint64_t>(rows, 8 * static_cast<uint64_t>(mod.sms));
+        temps->emplace_back();
+        TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64,
+                                              TensorShape({static_cast<int64_t>(2 * grid)}),
+                                              &temps->back()));
+        d.parts = reinterpret_cast<uint64_t>(temps->back().tensor_data().data());
+        d.nparts = grid;
+        void* args[] = {&d.data, &d.nbytes, &d.parts};
+        CUresult e = g_cu.LaunchKernel(mod.parts, grid, 1, 1, kThreads, 1, 1, 0, stream, args,
+                                       nullptr);
+        if (e != 0) return tensorflow::errors::Internal("nddebug: digest kernel: ", cu_error(e));
+      }
+    }
+    xd.push_back(d);
+  }
+  // One finish launch per kMaxX tensors and kMaxIn input digests (usually one).
+  size_t xi = 0, ii = 0;
+  while (xi < xd.size() || ii < ins.size()) {
+    FinishArgs a{};
+    a.row = row_dev;
+    for (; xi < xd.size() && a.n_x < kMaxX; ++xi) a.x[a.n_x++] = xd[xi];
+    for (; ii < ins.size() && a.n_in < kMaxIn; ++ii) a.in[a.n_in++] = ins[ii];
+    void* args[] = {&a};
+    CUresult e =
+        g_cu.LaunchKernel(mod.finish, 1, 1, 1, kThreads, 1, 1, 0, stream, args, nullptr);
+    if (e != 0) return tensorflow::errors::Internal("nddebug: finish kernel: ", cu_error(e));
+  }
+  return tensorflow::OkStatus();
+}
+
+// The CUDA stream and the kernels of the op's GPU.
+tensorflow::Status op_stream(OpKernelContext* ctx, CUstream* stream, GpuModule** mod) {
+  auto* dc = ctx->op_device_context();
+  if (dc == nullptr || dc->stream() == nullptr) {
+    return tensorflow::errors::Internal("nddebug: no GPU stream for ", ctx->op_kernel().name());
+  }
+  *stream = static_cast<CUstream>(dc->stream()->platform_specific_handle().stream);
+  return gpu_module(*stream, mod);
+}
+
+// Appends the row (op_id, n_out, n_in, then 2 * (n_out + n_in) values that the queued kernels
+// write into slot) and marks it pending until the stream has run them (g_mutex held).
+void push_pending_row(int64_t op_id, int64_t n_out, int64_t n_in, int64_t* slot,
+                      CUstream stream) {
+  const size_t n_vals = 2 * static_cast<size_t>(n_out + n_in);
+  g_rows.push_back(op_id);
+  g_rows.push_back(n_out);
+  g_rows.push_back(n_in);
+  const size_t row_at = g_rows.size();
+  g_rows.resize(row_at + n_vals, 0);
+  if (n_vals > 0) g_pending.push_back({row_at, slot, n_vals, stream});
+}
+
 // The fused op on a GPU: the same row and outputs as DigestRecordOp, digested on the device
 // (outputs that TensorFlow keeps in host memory, int32 ones, are digested on the host). The
 // launches are made under g_mutex so that a drain, which waits for the streams, covers them.
@@ -734,12 +826,9 @@ class DigestRecordGpuOp : public DigestRecordOp {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({1, 2}), &outs[i]));
     }
     if (!on) return;  // outside trace(): no kernel, the outputs are never read
-    auto* dc = ctx->op_device_context();
-    OP_REQUIRES(ctx, dc != nullptr && dc->stream() != nullptr,
-                tensorflow::errors::Internal("nddebug: no GPU stream for ", name()));
-    CUstream stream = static_cast<CUstream>(dc->stream()->platform_specific_handle().stream);
+    CUstream stream = nullptr;
     GpuModule* mod = nullptr;
-    OP_REQUIRES_OK(ctx, gpu_module(stream, &mod));
+    OP_REQUIRES_OK(ctx, op_stream(ctx, &stream, &mod));
 
     // The row's input pairs: each dynamic input's position, the static ones' values.
     std::vector<std::pair<int, int64_t>> dyn_at;  // (input list index, first pair)
@@ -772,7 +861,22 @@ class DigestRecordGpuOp : public DigestRecordOp {
                     " is out of order or past the inputs"));
 
     const int n_x = xs.size();
+    std::vector<const Tensor*> x_ptrs;
+    std::vector<bool> on_host;
+    std::vector<uint64_t> out_ptrs;
+    for (int i = 0; i < n_x; ++i) {
+      x_ptrs.push_back(&xs[i]);
+      on_host.push_back(ctx->input_memory_type(i) == tensorflow::HOST_MEMORY);
+      out_ptrs.push_back(reinterpret_cast<uint64_t>(outs[i]->tensor_data().data()));
+    }
+    std::vector<InDesc> ins;
+    for (const auto& [d, at] : dyn_at) {
+      ins.push_back({reinterpret_cast<uint64_t>(ds[d].tensor_data().data()),
+                     static_cast<uint64_t>(ds[d].NumElements() / 2),
+                     static_cast<uint64_t>(n_x + at)});
+    }
     const size_t n_vals = 2 * (n_x + pairs);
+    std::vector<Tensor> temps;
     std::lock_guard<std::mutex> lock(g_mutex);
     tensorflow::Status status = in_context(stream, nullptr, [&](CUcontext) -> tensorflow::Status {
       int64_t* slot = nullptr;
@@ -783,81 +887,114 @@ class DigestRecordGpuOp : public DigestRecordOp {
         slot[2 * (n_x + at)] = in_static_[2 * k];
         slot[2 * (n_x + at) + 1] = in_static_[2 * k + 1];
       }
-      // Partial-sum buffers of the large device outputs, alive until Compute returns: the
-      // allocator hands their memory on only to work queued after ours on this stream.
-      std::vector<Tensor> temps;
-      std::vector<XDesc> xd;
-      for (int i = 0; i < n_x; ++i) {
-        XDesc d{};
-        d.out = reinterpret_cast<uint64_t>(outs[i]->tensor_data().data());
-        d.slot = i;
-        const bool on_host = ctx->input_memory_type(i) == tensorflow::HOST_MEMORY;
-        if (!tensorflow::DataTypeCanUseMemcpy(xs[i].dtype()) &&
-            !(on_host && xs[i].dtype() == tensorflow::DT_STRING)) {
-          return tensorflow::errors::InvalidArgument("nddebug: cannot read the bytes of ",
-                                                     tensorflow::DataTypeString(xs[i].dtype()));
-        }
-        if (on_host) {  // (strings always are)
-          std::string buf;
-          const char* data = nullptr;
-          int64_t nbytes = 0;
-          TF_RETURN_IF_ERROR(host_bytes(xs[i], &buf, &data, &nbytes));
-          uint64_t lo, hi;
-          digest_bytes(data, nbytes, nullptr, &lo, &hi);
-          d.data = lo;
-          d.nbytes = hi;
-          d.nparts = ~uint64_t{0};
-        } else {
-          const auto bytes = xs[i].tensor_data();
-          d.data = reinterpret_cast<uint64_t>(bytes.data());
-          d.nbytes = bytes.size();
-          const uint64_t words = (d.nbytes + 7) / 8;
-          if (words > kSmallWords) {
-            const uint64_t rows = (words + kBlock - 1) / kBlock;
-            const uint64_t grid = std::min<uint64_t>(rows, 8 * static_cast<uint64_t>(mod->sms));
-            temps.emplace_back();
-            TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64,
-                                                  TensorShape({static_cast<int64_t>(2 * grid)}),
-                                                  &temps.back()));
-            d.parts = reinterpret_cast<uint64_t>(temps.back().tensor_data().data());
-            d.nparts = grid;
-            void* args[] = {&d.data, &d.nbytes, &d.parts};
-            CUresult e = g_cu.LaunchKernel(mod->parts, grid, 1, 1, kThreads, 1, 1, 0, stream,
-                                           args, nullptr);
-            if (e != 0) return tensorflow::errors::Internal("nddebug: digest kernel: ", cu_error(e));
-          }
-        }
-        xd.push_back(d);
-      }
-      // One finish launch per kMaxX outputs and kMaxIn inputs (usually one).
-      size_t xi = 0, ii = 0;
-      do {
-        FinishArgs a{};
-        a.row = slot_dev;
-        for (; xi < xd.size() && a.n_x < kMaxX; ++xi) a.x[a.n_x++] = xd[xi];
-        for (; ii < dyn_at.size() && a.n_in < kMaxIn; ++ii) {
-          const Tensor& t = ds[dyn_at[ii].first];
-          InDesc& in = a.in[a.n_in++];
-          in.ptr = reinterpret_cast<uint64_t>(t.tensor_data().data());
-          in.npairs = t.NumElements() / 2;
-          in.at = n_x + dyn_at[ii].second;
-        }
-        void* args[] = {&a};
-        CUresult e = g_cu.LaunchKernel(mod->finish, 1, 1, 1, kThreads, 1, 1, 0, stream, args,
-                                       nullptr);
-        if (e != 0) return tensorflow::errors::Internal("nddebug: finish kernel: ", cu_error(e));
-      } while (xi < xd.size() || ii < dyn_at.size());
-      g_rows.push_back(op_id_);
-      g_rows.push_back(n_x);
-      g_rows.push_back(pairs);
-      const size_t row_at = g_rows.size();
-      g_rows.resize(row_at + n_vals, 0);
-      g_pending.push_back({row_at, slot, n_vals, stream});
+      TF_RETURN_IF_ERROR(
+          launch_digests(ctx, stream, *mod, x_ptrs, on_host, out_ptrs, slot_dev, ins, &temps));
+      push_pending_row(op_id_, n_x, pairs, slot, stream);
       return tensorflow::OkStatus();
     });
     OP_REQUIRES_OK(ctx, status);
   }
+};
 
+// Queues the kernel that writes zero pairs to the device pairs outs (a digest op whose gate is
+// 0: outside trace(), no data is read).
+tensorflow::Status zero_pairs(CUstream stream, const GpuModule& mod,
+                              const std::vector<uint64_t>& outs) {
+  for (size_t i = 0; i < outs.size(); i += kMaxX) {
+    FinishArgs a{};
+    for (size_t k = i; k < outs.size() && a.n_x < kMaxX; ++k) {
+      XDesc& d = a.x[a.n_x++];
+      d.out = outs[k];
+      d.nparts = ~uint64_t{0};  // a "digest known on the host": (0, 0)
+    }
+    void* args[] = {&a};
+    CUresult e =
+        g_cu.LaunchKernel(mod.finish, 1, 1, 1, kThreads, 1, 1, 0, stream, args, nullptr);
+    if (e != 0) return tensorflow::errors::Internal("nddebug: finish kernel: ", cu_error(e));
+  }
+  return tensorflow::OkStatus();
+}
+
+// NddebugDigest on a GPU: the digests of device tensors (function arguments, tensors that
+// feed a recorded op from outside it) computed where they live, into a device [n, 2] output,
+// so that no tensor crosses to the host inside the step. Zeros while the gate is 0.
+class DigestGpuOp : public OpKernel {
+ public:
+  explicit DigestGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const bool on = ctx->input(0).scalar<int32_t>()() != 0;
+    tensorflow::OpInputList xs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("x", &xs));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({xs.size(), 2}), &out));
+    if (xs.size() == 0) return;
+    CUstream stream = nullptr;
+    GpuModule* mod = nullptr;
+    OP_REQUIRES_OK(ctx, op_stream(ctx, &stream, &mod));
+    const uint64_t base = reinterpret_cast<uint64_t>(out->tensor_data().data());
+    std::vector<const Tensor*> x_ptrs;
+    std::vector<bool> on_host;
+    std::vector<uint64_t> out_ptrs;
+    for (int i = 0; i < xs.size(); ++i) {
+      out_ptrs.push_back(base + 16 * static_cast<uint64_t>(i));
+      on_host.push_back(ctx->input_memory_type(i + 1) == tensorflow::HOST_MEMORY);
+      x_ptrs.push_back(&xs[i]);
+    }
+    std::vector<Tensor> temps;
+    std::lock_guard<std::mutex> lock(g_mutex);  // a drain waits for these launches too
+    OP_REQUIRES_OK(ctx, in_context(stream, nullptr, [&](CUcontext) -> tensorflow::Status {
+      if (!on) return zero_pairs(stream, *mod, out_ptrs);
+      return launch_digests(ctx, stream, *mod, x_ptrs, on_host, out_ptrs, 0, {}, &temps);
+    }));
+  }
+};
+
+// NddebugRecord on a GPU: the row of digests that are already on the device, copied into
+// pinned memory by one kernel on the op's stream, not each fetched to the host.
+class RecordGpuOp : public OpKernel {
+ public:
+  explicit RecordGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("op_id", &op_id_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    if (!g_active.load(std::memory_order_relaxed)) return;
+    tensorflow::OpInputList ds;
+    OP_REQUIRES_OK(ctx, ctx->input_list("digests", &ds));
+    CUstream stream = nullptr;
+    GpuModule* mod = nullptr;
+    OP_REQUIRES_OK(ctx, op_stream(ctx, &stream, &mod));
+    int64_t pairs[2] = {0, 0};
+    std::vector<InDesc> ins;
+    uint64_t at = 0;
+    for (int i = 0; i < ds.size(); ++i) {
+      const int64_t n = ds[i].NumElements() / 2;
+      pairs[i < n_out_ ? 0 : 1] += n;
+      if (n > 0) {
+        ins.push_back({reinterpret_cast<uint64_t>(ds[i].tensor_data().data()),
+                       static_cast<uint64_t>(n), at});
+      }
+      at += n;
+    }
+    const size_t n_vals = 2 * at;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    OP_REQUIRES_OK(ctx, in_context(stream, nullptr, [&](CUcontext) -> tensorflow::Status {
+      int64_t* slot = nullptr;
+      CUdeviceptr slot_dev = 0;
+      if (n_vals > 0) {
+        TF_RETURN_IF_ERROR(pinned_slot(n_vals, &slot, &slot_dev));
+        TF_RETURN_IF_ERROR(launch_digests(ctx, stream, *mod, {}, {}, {}, slot_dev, ins, nullptr));
+      }
+      push_pending_row(op_id_, pairs[0], pairs[1], slot, stream);
+      return tensorflow::OkStatus();
+    }));
+  }
+
+ private:
+  int64_t op_id_ = 0;
+  int n_out_ = 0;
 };
 
 }  // namespace
@@ -902,7 +1039,10 @@ REGISTER_OP("NddebugDigestRecord")
 
 REGISTER_KERNEL_BUILDER(Name("NddebugDigest").Device(tensorflow::DEVICE_CPU).HostMemory("gate"),
                         DigestOp);
+REGISTER_KERNEL_BUILDER(Name("NddebugDigest").Device(tensorflow::DEVICE_GPU).HostMemory("gate"),
+                        DigestGpuOp);
 REGISTER_KERNEL_BUILDER(Name("NddebugRecord").Device(tensorflow::DEVICE_CPU), RecordOp);
+REGISTER_KERNEL_BUILDER(Name("NddebugRecord").Device(tensorflow::DEVICE_GPU), RecordGpuOp);
 REGISTER_KERNEL_BUILDER(
     Name("NddebugDigestRecord").Device(tensorflow::DEVICE_CPU), DigestRecordOp);
 REGISTER_KERNEL_BUILDER(

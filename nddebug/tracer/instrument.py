@@ -10,6 +10,7 @@ none the process-wide switch makes its digests read no data (:mod:`nddebug.trace
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -315,17 +316,27 @@ def digest_in_graph(graph: Any, tensor: Any) -> Any:
     d = None
     if _digestible(tensor):
         lib = transport.native_ops()
-        native_here = lib is not None and rerun.on_host(tensor.device)
+        native_here = lib is not None and (lib.gpu or rerun.on_host(tensor.device))
         if lib is not None and tensor.op.type == "Const":
             d = _const_digest(tensor)
         if d is None:
-            with tf.name_scope("nddebug"):
+            with tf.name_scope("nddebug"), _beside(tensor):
                 if native_here:
                     d = lib.digest(graph_gate(graph), [tensor])  # one op, [1, 2]
                 else:
                     d = dg.build_digest(tensor, dg.use_matmul_for(tensor.device), graph_gate(graph))
     cache[name] = d
     return d
+
+
+def _beside(tensor: Any) -> Any:
+    """The device scope that places a digest op where ``tensor`` was asked to be. The digest
+    ops have CPU and GPU kernels, so an unplaced one may land on the GPU and copy a tensor a
+    user pinned to the CPU there (or back); one the user's op was not placed on is left to
+    the placer, as the op itself was."""
+    import tensorflow as tf
+
+    return tf.device(tensor.device) if tensor.device else contextlib.nullcontext()
 
 
 #: Per-graph cache entry: every Deferred of the graph by the name of its tensor (and of the
@@ -958,7 +969,7 @@ def _send_fused(
             at.append(i)
         else:
             dynamic.append(d)
-    with tf.name_scope("nddebug"):
+    with tf.name_scope("nddebug"), _beside(xs[0]):
         outs = lib.digest_record(op_id, xs, dynamic, static, at)
     cache = REGISTRY.graph_cache(graph)
     for t, d in zip(xs, outs, strict=True):
