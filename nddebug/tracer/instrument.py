@@ -627,8 +627,11 @@ def _defer_in_caller(
         op_id = inner.op_id
         info = REGISTRY.ops.get(op_id)
         if info is not None and info.note in ("", ARGUMENT_BY_CALLER):
-            # Its record in the caller holds the call's inputs, the arguments among them.
+            # Its record in the caller holds the call's inputs, the arguments among them. A
+            # new OpInfo: runs recorded before share the registered one (recorder._add).
+            info = info.copy()
             info.note = RECORDED_BY_CALLER
+            REGISTRY.ops[op_id] = info
 
         def emit(t: Any = t, op_id: int = op_id, key: str = inner.key) -> tuple[Any, Any]:
             return _record_value(rec, graph, op_id, key, t, in_digests)
