@@ -277,7 +277,7 @@ def check(
             returned = step(*args, **kwargs)
             assert Recorder.active is not None
             Recorder.active.record_return(returned)
-            Recorder.active.record_variables(keeper.variables)
+            Recorder.active.record_variables(keeper.variables + keeper.table_states())
         if capture is not None:
             rec.kind = "capture"
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)

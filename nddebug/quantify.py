@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_INT_OF = {2: np.int16, 4: np.int32, 8: np.int64}
+_INT_OF = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 @dataclass
@@ -31,12 +31,28 @@ def _ordered(bits: np.ndarray) -> np.ndarray:
     return np.where(wide < 0, -(wide & magnitude), wide)
 
 
+def _is_float(dtype: np.dtype) -> bool:
+    """NumPy's floats and ml_dtypes' (bfloat16, the float8 and float4 types), whose NumPy
+    kind is 'V' for most of them; ml_dtypes' int4 and uint4 are integers."""
+    if dtype.kind == "f":
+        return True
+    if dtype.kind != "V":
+        return False
+    try:
+        import ml_dtypes
+
+        ml_dtypes.finfo(dtype)
+    except (ImportError, ValueError, TypeError):
+        return False
+    return dtype.itemsize in _INT_OF
+
+
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise distance in units in the last place (integers: plain difference)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.kind == "c":
         a, b = a.view(a.real.dtype), b.view(b.real.dtype)
-    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+    if _is_float(a.dtype):
         signed = _INT_OF[a.dtype.itemsize]
         oa, ob = _ordered(a.view(signed)), _ordered(b.view(signed))
         return np.abs(oa.astype(np.float64) - ob.astype(np.float64)).astype(np.uint64)

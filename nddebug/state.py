@@ -22,11 +22,25 @@ def _tf_variable(v: Any) -> Any:
     return None
 
 
+def _mutable_table(obj: Any) -> bool:
+    """A lookup table the step can change (tf.lookup.experimental.MutableHashTable,
+    DenseHashTable): its contents are state, exported and re-imported like a variable's
+    value. Static tables are fixed once initialized."""
+    return all(callable(getattr(obj, m, None)) for m in ("export", "insert", "remove"))
+
+
 def collect_variables(state: Any) -> list[Any]:
+    """The tf.Variables of ``state`` (see :func:`collect_state`)."""
+    return collect_state(state)[0]
+
+
+def collect_state(state: Any) -> tuple[list[Any], list[Any]]:
     """Every tf.Variable reachable from ``state``: Keras models (weights, seed generators,
     compiled optimizer and metrics), optimizers, layers, tf.Modules, tf.random.Generators,
     variables, tf.train.Checkpoint and other trackable objects, and lists, tuples, sets and
     dicts of any of these.
+
+    Returns them, and the mutable lookup tables among them or held by them.
 
     Anything else raises TypeError before the step runs: state that check() silently could not
     restore would make every repeat start from another value (a deterministic step reported
@@ -34,11 +48,14 @@ def collect_variables(state: Any) -> list[Any]:
     import tensorflow as tf
 
     found: dict[int, Any] = {}
+    tables: dict[int, Any] = {}
 
     def add(v: Any) -> None:
         tv = _tf_variable(v)
         if tv is not None:
             found.setdefault(id(tv), tv)
+        elif _mutable_table(v):
+            tables.setdefault(id(v), v)
 
     def walk(obj: Any, where: str) -> None:
         if obj is None:
@@ -51,7 +68,7 @@ def collect_variables(state: Any) -> list[Any]:
             for i, o in enumerate(obj):
                 walk(o, f"{where}[{i}]")
             return
-        if _tf_variable(obj) is not None:
+        if _tf_variable(obj) is not None or _mutable_table(obj):
             add(obj)
             return
         if is_iterator(obj):
@@ -86,7 +103,7 @@ def collect_variables(state: Any) -> list[Any]:
             )
 
     walk(state, "")
-    return list(found.values())
+    return list(found.values()), list(tables.values())
 
 
 def is_iterator(obj: Any) -> bool:
@@ -116,7 +133,7 @@ class StateKeeper:
     """Remembers variable values, including those of variables created while it watches."""
 
     def __init__(self, state: Any) -> None:
-        self.variables = collect_variables(state)
+        self.variables, self.tables = collect_state(state)
         self.initial: Snapshot = {}  # variables created while watching, at creation
         self.unreadable: list[str] = []  # created, but their initial value could not be read
 
@@ -127,11 +144,20 @@ class StateKeeper:
         self.variables += [v for v in collect_variables(extra) if id(v) not in held]
 
     def snapshot(self) -> Snapshot:
-        return {id(v): (v, v.numpy()) for v in self.variables}
+        snap: Snapshot = {id(v): (v, v.numpy()) for v in self.variables}
+        snap.update({id(t): (t, _table_contents(t)) for t in self.tables})
+        return snap
 
     def restore(self, snap: Snapshot) -> None:
         for var, value in self._merged(snap):
-            var.assign(value)
+            if _mutable_table(var):
+                _set_table_contents(var, value)
+            else:
+                var.assign(value)
+
+    def table_states(self) -> list[Any]:
+        """The tables' contents after the step, as values check() compares like variables'."""
+        return [TableState(t, part) for t in self.tables for part in ("keys", "values")]
 
     def _merged(self, snap: Snapshot) -> list[tuple[Any, np.ndarray]]:
         merged = dict(self.initial)
@@ -158,6 +184,45 @@ class StateKeeper:
 
         with tf.variable_creator_scope(creator):
             yield
+
+
+def _table_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A table's keys and values, sorted by key (a hash table exports in bucket order), without
+    a DenseHashTable's empty and deleted buckets."""
+    keys, values = (t.numpy() for t in table.export())
+    unused = [getattr(table, a, None) for a in ("_empty_key", "_deleted_key")]
+    keep = np.ones(len(keys), bool)
+    for k in unused:
+        if k is not None:
+            k = np.asarray(k.numpy() if hasattr(k, "numpy") else k)
+            keep &= ~np.all((keys == k).reshape(len(keys), -1), axis=1)
+    keys, values = keys[keep], values[keep]
+    order = np.argsort(keys.reshape(len(keys), -1)[:, 0], kind="stable") if len(keys) else []
+    return keys[order], values[order]
+
+
+def _set_table_contents(table: Any, contents: tuple[np.ndarray, np.ndarray]) -> None:
+    keys, values = contents
+    current, _ = _table_contents(table)
+    if len(current):
+        table.remove(current)
+    if len(keys):
+        table.insert(keys, values)
+
+
+class TableState:
+    """One part (keys or values) of a mutable table's sorted contents, read like a variable."""
+
+    def __init__(self, table: Any, part: str) -> None:
+        self.table, self.part = table, part
+        name = getattr(table, "name", None) or getattr(table, "_name", None) or "table"
+        self.name = f"{name}:{part}"
+
+    def read_value(self) -> Any:
+        import tensorflow as tf
+
+        keys, values = _table_contents(self.table)
+        return tf.constant(keys if self.part == "keys" else values)
 
 
 def _initial_value(var: Any, initial: Any) -> np.ndarray | None:

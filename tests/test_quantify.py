@@ -186,3 +186,19 @@ def test_capture_runs_stop_once_every_source_is_measured() -> None:
     one = report.captures[0]
     assert _not_yet_measured({source["key"]}, report.captures) == set()
     assert _not_yet_measured({source["key"]}, [one, one]) == {source["key"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "below_two"),  # the float just below 2.0 in each 8-bit format
+    [("float8_e5m2", 1.75), ("float8_e4m3fn", 1.875), ("float8_e4m3b11fnuz", 1.875)],
+)
+def test_one_byte_floats_are_measured_in_their_own_ulps(name: str, below_two: float) -> None:
+    # float8_e5m2's NumPy kind is 'f', the others' 'V': both are floats, in one byte.
+    f8 = getattr(ml_dtypes, name)
+    a = np.array([2.0, -1.0], f8)
+    b = np.array([below_two, -1.0], f8)
+    d = measure([a, b])
+    assert (d.max_ulp, d.max_abs_diff, d.scale) == (1, 2.0 - below_two, 2.0)
+    # ml_dtypes' 4-bit integers are integers: the plain difference.
+    i4 = measure([np.array([3, -2], ml_dtypes.int4), np.array([1, -2], ml_dtypes.int4)])
+    assert (i4.max_ulp, i4.max_abs_diff) == (2, 2.0)

@@ -125,3 +125,30 @@ def test_check_of_an_eager_step_with_global_seeded_dropout_leaves_the_plain_stre
 
     assert two_steps(checked) == plain
     assert report is not None and set(report.sources["op_type"]) == {"RandomUniform"}
+
+
+def test_a_mutable_lookup_table_in_state_is_restored_before_each_run_and_compared() -> None:
+    # The table's contents are state as a variable's value is: without restoring them each
+    # repeat counted on from the last, and a deterministic step was NOT reproducible.
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+    table.insert(tf.constant(["seen", "other"]), tf.constant([5, 7], tf.int64))
+
+    @tf.function
+    def count():
+        key = tf.constant(["seen"])
+        table.insert(key, table.lookup(key) + 1)
+        table.insert(tf.constant(["new"]), tf.constant([1], tf.int64))
+
+    report = nddebug.check(count, state=table, repeats=3)
+    assert report.ok, report
+    # Left as after one ordinary step, and its contents were compared after each run.
+    keys, values = (t.numpy() for t in table.export())
+    assert dict(zip(keys.tolist(), values.tolist(), strict=True)) == {
+        b"seen": 6,
+        b"other": 7,
+        b"new": 1,
+    }
+    assert any(
+        op.op_type == "VariableState" and ":keys" in op.op_name
+        for op in report.recordings[0].ops.values()
+    )

@@ -1474,3 +1474,55 @@ def test_a_gpu_culprit_that_differs_on_the_cpu_is_not_explained_by_the_gpu_kerne
     on_gpu = explained("/job:localhost/replica:0/task:0/device:GPU:0")
     assert on_gpu.explanation.startswith("The GPU kernel")  # the known mechanism, as before
     assert "atomicAdd" in on_gpu.explanation
+
+
+def test_a_step_that_returns_a_dataset_or_an_optional_says_it_did_not_compare_them() -> None:
+    # Their contents differ from run to run here (a shuffle without a seed), but a variant's
+    # bytes are a handle, not the values: the verdict was "reproducible" with no caveat.
+    ds = tf.data.Dataset.range(100).shuffle(100)
+
+    @tf.function
+    def optional_step():
+        return iter(ds).get_next_as_optional()
+
+    def eager_optional_step():
+        return iter(ds).get_next_as_optional()
+
+    def dataset_step():
+        return tf.data.Dataset.range(20).shuffle(20)
+
+    for step in (optional_step, eager_optional_step, dataset_step):
+        report = nddebug.check(step, repeats=2)
+        assert not report.ok
+        assert any("not read in it" in w for w in report.not_compared), report.not_compared
+    # Under trace(): what the call made and nothing read is said when the block ends.
+    with nddebug.trace() as rec:
+        optional_step()
+    assert any(w.startswith(NOT_COMPARED) and "optional" in w for w in rec.warnings)
+
+
+def test_an_optional_whose_values_are_read_or_were_computed_in_the_step_is_compared() -> None:
+    # Keras's fit returns its logs as Optional.from_value(logs): values the step computed,
+    # compared as those tensors. An optional read out in the step is compared as its values.
+    ds = tf.data.Dataset.range(100).map(lambda i: i * 3)
+
+    @tf.function
+    def logs_step():
+        return tf.experimental.Optional.from_value(tf.reduce_sum(tf.range(10.0)))
+
+    def read_step():
+        opt = iter(ds).get_next_as_optional()
+        return opt.get_value()
+
+    @tf.function
+    def read_in_function():
+        return iter(ds).get_next_as_optional().get_value()
+
+    for step in (logs_step, read_step, read_in_function):
+        report = nddebug.check(step, repeats=2)
+        assert report.ok, report
+        assert not report.not_compared
+    with nddebug.trace() as rec:
+        opt = tf.function(lambda: iter(ds).get_next_as_optional())()
+        opt.get_value()
+    assert not [w for w in rec.warnings if w.startswith(NOT_COMPARED)], rec.warnings

@@ -135,6 +135,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     """Record one eager op execution (and, for a function call, the graph events it ran)."""
     if op_type in ops.SKIP_OPS:
         return
+    if rec.unopened:
+        _read_unopened(rec, op_type, inputs, outputs)
     location, site = eager_location(rec.lib_dirs)
     # TF names a function's call op after the function plus a process-specific number;
     # the site is file name, line and function, so keys match across machines too.
@@ -209,6 +211,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             if i < len(out_tensors) and getattr(out_tensors[i], "_id", None) is not None:
                 rec.eager_digests[out_tensors[i]._id] = None  # its readers: unreadable input
     out_digests = [None if i in at else _digest(rec, t) for i, t in enumerate(out_tensors)]
+    _track_unopened(rec, op_type, inputs, out_tensors, bool(function))
     op_def = ops.op_def(op_type)
     stateful = op_def is None or op_def.is_stateful
     blocker = ""
@@ -308,15 +311,59 @@ def _pseudo_op(
     return op_id
 
 
+def _read_unopened(rec: Any, op_type: str, inputs: Any, outputs: Any) -> None:
+    """An eager op read variants nddebug tracks as unopened: it takes their values out (or,
+    an Identity, hands the same variant on)."""
+    made_by = [rec.unopened.pop(getattr(t, "_id", None), None) for t in inputs]
+    made_by = [m for m in made_by if m is not None]
+    if made_by and op_type in ops.ALIAS_OPS:
+        for t in outputs:
+            if getattr(t, "dtype", None) is not None and t.dtype.name == "variant":
+                rec.unopened[t._id] = made_by[0]
+
+
+def _track_unopened(rec: Any, op_type: str, inputs: Any, outputs: list[Any], called: bool) -> None:
+    """Keep track of variants whose values nddebug has not compared (an iterator's next
+    element as an optional, made by an eager op or returned by a call) until an op reads the
+    values out (see :func:`_read_unopened`); those still unread when the step returns or the
+    block ends are said."""
+    if op_type in opaque.UNOPENED_VARIANT_OPS or (
+        called and opaque.returns_unopened_variant(op_type)
+    ):
+        for t in outputs:
+            if t.dtype.name == "variant" and getattr(t, "_id", None) is not None:
+                rec.unopened[t._id] = op_type
+
+
+def unread_variants(what: str) -> str:
+    """The warning for variants that leave what nddebug records unopened: a dataset or an
+    optional (``get_next_as_optional``) holds values that differ from run to run as any
+    tensor's can, but its bytes are a handle to them, not the values."""
+    return (
+        f"{NOT_COMPARED}{what} holds a tf.data dataset or an optional (get_next_as_optional) "
+        "whose values were not read in it: nddebug cannot read a variant's values, so they "
+        "are not compared. Return or use the values themselves (optional.get_value(), the "
+        "dataset's elements)."
+    )
+
+
 def record_return(rec: Any, value: Any) -> None:
     """Digest what the step returned, as a pseudo-op ("ReturnValue"): a value computed in
-    Python (a float, a NumPy array) never passes through an op, so it is compared here."""
+    Python (a float, a NumPy array) never passes through an op, so it is compared here.
+    Composite values (ragged and sparse tensors) are compared through their component
+    tensors; a dataset, or an optional whose values nothing read, is said not to be
+    compared."""
     import tensorflow as tf
 
     if value is None:
         return
     with inside_nddebug():
-        flat = tf.nest.flatten(value)
+        datasets = [v for v in tf.nest.flatten(value) if isinstance(v, tf.data.Dataset)]
+        flat = tf.nest.flatten(value, expand_composites=True)
+        if datasets or any(getattr(t, "_id", None) in rec.unopened for t in flat):
+            ops.warn_once(rec.recording, unread_variants("the step's return value"))
+            for t in flat:
+                rec.unopened.pop(getattr(t, "_id", None), None)
         digests, shapes, dtypes = [], [], []
         device = next((t.device for t in flat if getattr(t, "device", "")), "") or "/device:CPU:0"
         for item in flat:

@@ -89,6 +89,49 @@ def ops_inside(name: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+#: Ops whose variant output holds values nddebug has not digested: an iterator's next element
+#: wrapped in an optional. An optional or a tensor list filled from tensors the step computed
+#: (Keras's fit returns its logs as an optional) holds values compared as those tensors.
+UNOPENED_VARIANT_OPS = frozenset({"IteratorGetNextAsOptional"})
+#: What reads an optional's values out (OptionalHasValue reads only whether it has one).
+_OPENERS = frozenset({"OptionalGetValue"})
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+@functools.lru_cache(maxsize=1024)
+def returns_unopened_variant(name: str) -> bool:
+    """Whether function ``name`` returns a variant made by an op of UNOPENED_VARIANT_OPS
+    (through Identity ops and calls) whose values no op of the function reads out: what the
+    call returns then holds values that were never compared."""
+    fdef = _function_def(name)
+    if fdef is None:
+        return False
+    nodes = {n.name: n for n in fdef.node_def}
+
+    def source(ref: str) -> Any:
+        node = nodes.get(ref.lstrip("^").split(":")[0])
+        while node is not None and node.op == "Identity" and node.input:
+            node = nodes.get(node.input[0].split(":")[0])
+        return node
+
+    opened = {
+        source(i).name
+        for n in fdef.node_def
+        if n.op in _OPENERS
+        for i in n.input[:1]
+        if source(i) is not None
+    }
+    for ref in fdef.ret.values():
+        node = source(ref)
+        if node is None:
+            continue
+        if node.op in UNOPENED_VARIANT_OPS and node.name not in opened:
+            return True
+        if node.op in _CALLS and returns_unopened_variant(node.attr["f"].func.name):
+            return True
+    return False
+
+
 def variable_inputs(inputs: Any) -> list[tuple[Any, Any]]:
     """The (handle, dtype) of each resource-variable input of a call: its captured state."""
     import tensorflow as tf

@@ -53,6 +53,9 @@ class Recorder:
         # Graph events that arrived since the last eager op: they ran inside the next call.
         self.pending: list[Event] = []
         self.eager_digests: dict[int, dg.Digest | None] = {}  # EagerTensor._id -> digest
+        # Variants holding values nothing compared yet (EagerTensor._id -> the op that made
+        # them): see eager._track_unopened.
+        self.unopened: dict[int, str] = {}
         self.eager_sites: dict[str, int] = {}
         # Per eager site: the resources its ops used, in the order first seen (see on_eager).
         self.eager_site_resources: dict[str, dict[str, int]] = {}
@@ -230,6 +233,10 @@ class Recorder:
         if self.steps.active:
             self.steps.finish(self)
         self.eager_digests.clear()
+        if self.unopened:
+            made_by = ", ".join(sorted({ops.function_name(n) for n in self.unopened.values()}))
+            ops.warn_once(self.recording, eager.unread_variants(f"what {made_by} made"))
+            self.unopened.clear()
         if self.xla_functions:
             ops.warn_once(self.recording, opaque.xla_warning(self.xla_functions))
         elsewhere = self.other_threads.summary()
