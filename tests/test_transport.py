@@ -233,3 +233,66 @@ def test_a_block_adds_few_collectable_objects_per_op_execution_and_leaves_earlie
     # The later block changed nothing the earlier run holds (its ops' device, notes, ...).
     assert {i: dataclasses.asdict(op) for i, op in first.ops.items()} == snapshot
     assert all(op.device for op in later.ops.values() if op.graph)
+
+
+def _movers():
+    """A step whose byte movers (ops.BYTE_MOVERS) carry both a value computed in the step
+    and, in the second, one drawn without a seed."""
+
+    @tf.function
+    def step(x, noise):
+        h = tf.tanh(x * 1.5) + noise
+        moved = tf.transpose(tf.tile(h, [3, 1]))
+        moved = tf.pad(tf.concat([moved, moved * 2.0], 0), [[1, 1], [0, 2]])
+        return tf.reduce_sum(tf.sin(moved) * tf.broadcast_to(h[:1, :1], tf.shape(moved)))
+
+    return step
+
+
+def test_byte_movers_are_compared_through_their_inputs_and_read_no_output():
+    _native_lib()
+    x = tf.constant(np.linspace(-2, 2, 64, dtype=np.float32).reshape(8, 8))
+    zero = tf.zeros([8, 8])
+    step = _movers()
+    with nddebug.trace() as rec:
+        step(x, zero)
+    movers = [e for e in rec.events if rec.ops[e.op_id].op_type in ("Tile", "Transpose", "Pad")]
+    assert len(movers) == 3
+    for e in movers:
+        pairs = np.array([v for pair in e.inputs for v in pair], np.int64)
+        assert tuple(e.digests[0]) == digest_numpy(pairs)  # made from its inputs' digests
+    # No digest op reads a byte mover's output: the graph reads only its inputs.
+    graph = step.get_concrete_function(x, zero).graph
+    for op in graph.get_operations():
+        if op.type in ("Tile", "Transpose", "ConcatV2", "Pad", "BroadcastTo") and (
+            not any(p.split("_")[0] == "nddebug" for p in op.name.split("/"))  # its own
+        ):
+            readers = {c.type for c in op.outputs[0].consumers()}
+            assert not readers & {"NddebugDigest", "NddebugDigestRecord"}, (op.type, readers)
+
+
+def test_byte_movers_give_the_pure_tf_paths_recording_and_propagate_a_source(monkeypatch):
+    _native_lib()
+    x = tf.constant(np.linspace(-2, 2, 64, dtype=np.float32).reshape(8, 8))
+    zero = tf.zeros([8, 8])
+    with nddebug.trace() as fast:
+        _movers()(x, zero)
+    monkeypatch.setenv(native.ENV, "0")
+    with nddebug.trace() as slow:
+        _movers()(x, zero)
+    monkeypatch.delenv(native.ENV)
+
+    def by_op(rec):
+        return sorted(
+            (rec.ops[e.op_id].op_type, e.digests, e.inputs)
+            for e in rec.events
+            if rec.ops[e.op_id].graph
+        )
+
+    assert by_op(fast) == by_op(slow)
+    # A source upstream of them: the movers propagate it, and are never named.
+    step = _movers()
+    report = nddebug.check(lambda: step(x, tf.random.uniform([8, 8])), repeats=3)
+    assert not report.ok
+    assert set(report.sources["op_type"]) == {"RandomUniform"}
+    assert nddebug.check(lambda: step(x, zero), repeats=3).ok

@@ -929,6 +929,45 @@ def _const_digest(tensor: Any) -> tuple[int, int] | None:
         return None
 
 
+#: OpInfo.note of an op whose output digest is derived from its inputs' (see derived_digest).
+DERIVED_NOTE = (
+    "its output only moves its inputs' bytes: its digest is made from theirs (equal inputs, "
+    "equal output), not read"
+)
+
+
+def _derivable(
+    op_type: str, out_tensors: list[Any], outputs: Any, per_input: list[Any], blocked: Any
+) -> bool:
+    """Whether an op's output digest can be derived from its inputs' digests: a byte mover
+    (ops.BYTE_MOVERS) on the host with one output, every input digested, not re-executed.
+    On a GPU the output is read as before (the GPU kernels derive nothing)."""
+    return (
+        op_type in ops.BYTE_MOVERS
+        and not blocked
+        and len(outputs) == 1
+        and out_tensors == list(outputs)
+        and _digestible(out_tensors[0])
+        and bool(per_input)
+        and all(d is not None for d in per_input)
+        and rerun.on_host(out_tensors[0].device)
+    )
+
+
+def derived_digest(graph: Any, in_digests: list[Any]) -> Any:
+    """The digest of a byte mover's output, made from the digests its record holds as its
+    inputs: the digest (docs/format.md) of those pairs, in order, as an int64 vector. Equal
+    inputs give an equal output, and a byte mover keeps every input byte, so unequal inputs
+    give an unequal one: comparing the derived digests compares the outputs, and the output's
+    bytes (136 MB a step of a ResNet-like step's BatchNorm gradients, in Tile) are not read.
+    Made by the digest op of the path in use (native or pure-TF), so both give the same bits."""
+    import tensorflow as tf
+
+    with tf.name_scope("nddebug"):
+        pairs = tf.concat([tf.reshape(_as_tensor(d), [-1]) for d in in_digests], 0)
+    return digest_in_graph(graph, pairs)
+
+
 def _as_tensor(d: Any) -> Any:
     """A digest as a graph tensor: a constant's precomputed pair becomes an int64 [1, 2]."""
     import tensorflow as tf
@@ -1416,19 +1455,26 @@ def instrument_op(
                 f"({ops.INPUT_COPIES[op_type][0][0]}={ops.INPUT_COPIES[op_type][0][1]}): "
                 "compared as those inputs"
             )
-        fused = _fused_lib(rec, graph, out_tensors, k_rerun)
-        defer = (
-            not v1
-            and rewritable
-            and len(out_tensors) == 1
-            and not (rec.capture and base in rec.capture)
-            and not after_write
-            and _digestible(out_tensors[0])
-        )
-        if fused is not None or defer:  # digested by the op that records them, made below
-            out_digests = [True if _digestible(t) else None for t in out_tensors]
+        if _derivable(op_type, out_tensors, outputs, per_input, k_rerun or after_write):
+            # Its output only moves its inputs' bytes (ops.BYTE_MOVERS): its digest is made
+            # from theirs, without reading the output (see derived_digest).
+            out_digests = [derived_digest(graph, in_digests)]
+            cache[out_tensors[0].name] = out_digests[0]
+            note = note or DERIVED_NOTE
         else:
-            out_digests = [digest_in_graph(graph, t) for t in out_tensors]
+            fused = _fused_lib(rec, graph, out_tensors, k_rerun)
+            defer = (
+                not v1
+                and rewritable
+                and len(out_tensors) == 1
+                and not (rec.capture and base in rec.capture)
+                and not after_write
+                and _digestible(out_tensors[0])
+            )
+            if fused is not None or defer:  # digested by the op that records them, below
+                out_digests = [True if _digestible(t) else None for t in out_tensors]
+            else:
+                out_digests = [digest_in_graph(graph, t) for t in out_tensors]
         readable_out = [d for d in out_digests if d is not None]
     readable_in = [d for d in in_digests if d is not None]
     stateful = bool(op._is_stateful) if hasattr(op, "_is_stateful") else False
