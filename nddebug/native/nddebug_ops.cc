@@ -588,16 +588,23 @@ tensorflow::Status digest_tensor(const Tensor& t,
   return tensorflow::OkStatus();
 }
 
+// NddebugDigest's gate, its tensors and its [n, 2] output (the CPU and GPU kernels alike).
+tensorflow::Status digest_op_begin(OpKernelContext* ctx, bool* on, tensorflow::OpInputList* xs,
+                                   Tensor** out) {
+  *on = ctx->input(0).scalar<int32_t>()() != 0;
+  TF_RETURN_IF_ERROR(ctx->input_list("x", xs));
+  return ctx->allocate_output(0, TensorShape({xs->size(), 2}), out);
+}
+
 class DigestOp : public OpKernel {
  public:
   explicit DigestOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const bool on = ctx->input(0).scalar<int32_t>()() != 0;
+    bool on = false;
     tensorflow::OpInputList xs;
-    OP_REQUIRES_OK(ctx, ctx->input_list("x", &xs));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({xs.size(), 2}), &out));
+    OP_REQUIRES_OK(ctx, digest_op_begin(ctx, &on, &xs, &out));
     auto o = out->matrix<int64_t>();
     const auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
     for (int i = 0; i < xs.size(); ++i) {
@@ -636,7 +643,7 @@ class RecordOp : public OpKernel {
     }
   }
 
- private:
+ protected:  // the GPU kernel (RecordGpuOp) shares the attrs
   int64_t op_id_ = 0;
   int n_out_ = 0;
 };
@@ -923,11 +930,10 @@ class DigestGpuOp : public OpKernel {
   explicit DigestGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const bool on = ctx->input(0).scalar<int32_t>()() != 0;
+    bool on = false;
     tensorflow::OpInputList xs;
-    OP_REQUIRES_OK(ctx, ctx->input_list("x", &xs));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({xs.size(), 2}), &out));
+    OP_REQUIRES_OK(ctx, digest_op_begin(ctx, &on, &xs, &out));
     if (xs.size() == 0) return;
     CUstream stream = nullptr;
     GpuModule* mod = nullptr;
@@ -952,12 +958,9 @@ class DigestGpuOp : public OpKernel {
 
 // NddebugRecord on a GPU: the row of digests that are already on the device, copied into
 // pinned memory by one kernel on the op's stream, not each fetched to the host.
-class RecordGpuOp : public OpKernel {
+class RecordGpuOp : public RecordOp {
  public:
-  explicit RecordGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("op_id", &op_id_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_out", &n_out_));
-  }
+  explicit RecordGpuOp(OpKernelConstruction* ctx) : RecordOp(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     if (!g_active.load(std::memory_order_relaxed)) return;
@@ -991,10 +994,6 @@ class RecordGpuOp : public OpKernel {
       return tensorflow::OkStatus();
     }));
   }
-
- private:
-  int64_t op_id_ = 0;
-  int n_out_ = 0;
 };
 
 }  // namespace
