@@ -242,6 +242,16 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
+def _reader_gone(stream: Any) -> None:
+    """Point a stream whose pipe's reader is gone at /dev/null, so that nothing written or
+    buffered later fails."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
 class _Unbroken:
     """A text stream whose reader may be gone: the first write or flush that meets a closed
     pipe points the file descriptor at /dev/null (so nothing buffered fails later, at exit)
@@ -265,11 +275,7 @@ class _Unbroken:
             self._gone()
 
     def _gone(self) -> None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self._stream.fileno())
-        finally:
-            os.close(devnull)
+        _reader_gone(self._stream)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -399,14 +405,12 @@ def _check_output(output: str | None, what: str = "the recording file") -> None:
                 raise UsageError(f"-o {output}: exists and is not a recording")
 
 
-def _run_env(args: argparse.Namespace, extra: dict[str, str], i: int) -> dict[str, str]:
-    """The environment of run ``i``: the user's, the options', and what nddebug sets."""
+def _options_env(args: argparse.Namespace, extra: dict[str, str]) -> dict[str, str]:
+    """What the options and --env set in every run's environment (the runs of --verify's
+    fixes too: with --all they trace the whole script as the runs did)."""
     from nddebug.tracer import DETAIL_ENV, EMULATE_ENV
 
-    env = {**os.environ, **extra}
-    seed = _hashseed(args.hashseed, i)
-    if seed is not None:
-        env["PYTHONHASHSEED"] = seed
+    env = dict(extra)
     if args.deterministic:
         env["TF_DETERMINISTIC_OPS"] = "1"
     if args.all:
@@ -415,6 +419,15 @@ def _run_env(args: argparse.Namespace, extra: dict[str, str], i: int) -> dict[st
         env[EMULATE_ENV] = "1"
     if args.steps or args.bisect:
         env[DETAIL_ENV] = "steps"
+    return env
+
+
+def _run_env(args: argparse.Namespace, extra: dict[str, str], i: int) -> dict[str, str]:
+    """The environment of run ``i``: the user's, the options', and what nddebug sets."""
+    env = {**os.environ, **_options_env(args, extra)}
+    seed = _hashseed(args.hashseed, i)
+    if seed is not None:
+        env["PYTHONHASHSEED"] = seed
     if args.show_output:
         env.setdefault("PYTHONUNBUFFERED", "1")  # its output as it comes
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -423,7 +436,6 @@ def _run_env(args: argparse.Namespace, extra: dict[str, str], i: int) -> dict[st
 
 def _run(args: argparse.Namespace) -> int:
     from nddebug.storage import save
-    from nddebug.tracer import EMULATE_ENV
 
     workers = args.workers
     if workers < 1:
@@ -478,7 +490,7 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     def verify(report: Any) -> None:
-        env = {**extra, **({EMULATE_ENV: "1"} if args.emulate_gpu else {})}
+        env = _options_env(args, extra)
         table = report.verify(script=args.script, args=args.args, runs=args.runs, **env)
         _say("\nFixes, verified in fresh runs:")
         _say(table.to_string(index=False))
@@ -739,14 +751,17 @@ class _Tail:
         data, self.pending = data[:cut], data[cut:]
         if not data:
             return
-        sys.stderr.flush()
-        buffer = getattr(sys.stderr, "buffer", None)
-        if buffer is not None:
-            buffer.write(data)
-            buffer.flush()
-        else:
-            sys.stderr.write(data.decode("utf-8", "replace"))
+        try:
             sys.stderr.flush()
+            buffer = getattr(sys.stderr, "buffer", None)
+            if buffer is not None:  # the bytes as they are (past the _Unbroken wrapper)
+                buffer.write(data)
+                buffer.flush()
+            else:
+                sys.stderr.write(data.decode("utf-8", "replace"))
+                sys.stderr.flush()
+        except BrokenPipeError:  # the reader stopped reading: the run and its verdict go on
+            _reader_gone(sys.stderr)
 
 
 def _last_lines(path: str, n: int = 15) -> str:

@@ -33,7 +33,7 @@ def capture() -> dict[str, Any]:
     task = _cluster_task()
     if task is not None:
         env["cluster_task"] = task  # which worker of a multi-worker job recorded this
-    env["op_determinism"] = _op_determinism_enabled()
+    env["op_determinism"] = op_determinism_enabled()
     env["threads"] = dict(_threads())
     env["seeds"] = _seeds()
     from nddebug import emulate
@@ -112,7 +112,9 @@ def onednn_enabled() -> bool:
         return False
 
 
-def _op_determinism_enabled() -> bool:
+def op_determinism_enabled() -> bool:
+    """Whether TensorFlow's op determinism is on now (enable_op_determinism or
+    TF_DETERMINISTIC_OPS)."""
     try:
         from tensorflow.python.framework import config as tf_config
 

@@ -118,8 +118,10 @@ def known_risks(
                 here = knowledge.device_kind(device) or "CPU"
                 on_device = culprit.device in (here, "any")
                 if determinism and culprit.under_determinism not in STILL_RISKY_UNDER_DETERMINISM:
-                    if on_device:
-                        continue  # fixed (or made to raise) by op determinism on this device
+                    if on_device or culprit.under_determinism == "fixed":
+                        # Fixed (or made to raise) by op determinism on this device; on
+                        # another, fixed there too (one that raises there is still said).
+                        continue
                 seen[key] = Risk(
                     op_type=op_type,
                     op_name=name,

@@ -105,7 +105,7 @@ def test_bad_input_is_one_clear_line_and_exit_two(args, message) -> None:
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("command", ["ops", "report", "run"])
+@pytest.mark.parametrize("command", ["ops", "report", "run", "run --show-output"])
 def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
     command: str, tmp_path
 ) -> None:
@@ -132,14 +132,15 @@ def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
         path = str(tmp_path / "runs.nddebug")
         save(recs, path)
         args, expected = ["report", path], 1
-    if command == "run":
+    if command.startswith("run"):
         # `nddebug run ... 2>&1 | head -1`: the progress lines meet the closed pipe too.
         script = tmp_path / "same.py"
         script.write_text(
-            "import tensorflow as tf\nimport nddebug\nwith nddebug.trace():\n"
+            "import sys\nimport tensorflow as tf\nimport nddebug\nwith nddebug.trace():\n"
             "    tf.reduce_sum(tf.ones([4]) * 2.0)\n"
+            "for i in range(200):\n    print('chatty', i, file=sys.stderr, flush=True)\n"
         )
-        args, expected = ["run", "-n", "2", str(script)], 0
+        args, expected = ["run", "-n", "2", *command.split()[1:], str(script)], 0
     env = subprocess_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "nddebug", *args],
@@ -149,6 +150,15 @@ def test_a_reader_that_stops_reading_leaves_the_exit_code_to_the_verdict(
         cwd=ROOT,
     )
     assert proc.stdout is not None and proc.stderr is not None
+    if command == "run --show-output":
+        # The runs' output, copied to standard error, meets the closed pipe; the verdict on
+        # standard output stays (it exited 2 with nothing on standard output). As `| head
+        # -2`: the first lines were read, so the progress line went through.
+        proc.stderr.readline(), proc.stderr.readline()
+        proc.stderr.close()
+        out = proc.stdout.read().decode()
+        assert proc.wait(timeout=300) == expected and "reproducible — 2 runs" in out, out
+        return
     proc.stdout.close()  # the reader is gone before the first line is written
     if command == "run":
         proc.stderr.close()

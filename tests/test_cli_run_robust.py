@@ -448,3 +448,31 @@ def test_show_output_copies_whole_lines(tmp_path, capfd) -> None:
         f.write(b"line")
         tail.pump(final=True)
         assert capfd.readouterr().err == "next line"
+
+
+def test_all_traces_the_verify_runs_too_and_says_determinism_the_script_turned_on(
+    tmp_path,
+) -> None:
+    # --verify re-ran the script without --all's block ("ran no nddebug.trace() block"), and
+    # a script that turns op determinism on first was described as run with it off.
+    unseeded = _script(
+        tmp_path,
+        "unseeded.py",
+        "import tensorflow as tf\nprint(float(tf.reduce_sum(tf.random.uniform([16]))))\n",
+    )
+    result = _nddebug("run", "-n", "2", "--all", "--verify", unseeded)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "ran no nddebug.trace() block" not in result.stdout
+    assert re.search(r"RandomUniform\s+seeds\s+fixed", result.stdout), result.stdout[-2000:]
+    determined = _script(
+        tmp_path,
+        "determined.py",
+        """
+        import tensorflow as tf
+        tf.config.experimental.enable_op_determinism()
+        print(float(tf.reduce_sum(tf.ones([16]) * 3.0)))
+        """,
+    )
+    result = _nddebug("run", "-n", "2", "--all", "--format", "json", determined)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert '"op_determinism": true' in result.stdout, result.stdout[:2000]

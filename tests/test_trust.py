@@ -15,6 +15,7 @@ import nddebug
 from nddebug.examples import detection
 from nddebug.recording import NOT_COMPARED, OTHER_THREADS, Event, OpInfo, Recording
 from nddebug.risks import describe_bound, known_risks, rule_out_bound, runs_for
+from tests.helpers import run_python
 
 
 # ----------------------------------------------------------------- the passes, alone
@@ -1526,3 +1527,53 @@ def test_an_optional_whose_values_are_read_or_were_computed_in_the_step_is_compa
         opt = tf.function(lambda: iter(ds).get_next_as_optional())()
         opt.get_value()
     assert not [w for w in rec.warnings if w.startswith(NOT_COMPARED)], rec.warnings
+
+
+def test_an_iterator_over_a_dataset_built_from_values_that_differ_only_propagates() -> None:
+    # The dataset's elements differ because the values it was built from did: the random op
+    # is the one source, and the iterator's next element only hands its difference on (it
+    # was named a second source: its recorded inputs, the iterator's handle, were identical).
+    def from_random():
+        total = tf.constant(0.0)
+        for batch in tf.data.Dataset.from_tensor_slices(tf.random.uniform([8])).batch(4):
+            total += tf.reduce_sum(batch * 2.0)
+        return total
+
+    def shuffled():  # the pipeline itself is the source here
+        total = tf.constant(0.0)
+        for batch in tf.data.Dataset.range(64).shuffle(64).batch(8):
+            total += tf.reduce_sum(tf.cast(batch, tf.float32) * tf.range(8.0))
+        return total
+
+    def plain():
+        total = tf.constant(0.0)
+        for batch in tf.data.Dataset.from_tensor_slices(tf.range(8.0)).batch(4):
+            total += tf.reduce_sum(batch * 2.0)
+        return total
+
+    report = nddebug.check(from_random, repeats=3)
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+    roles = dict(zip(report.culprits["op_type"], report.culprits["role"], strict=False))
+    assert roles.get("IteratorGetNext") == "propagated", roles
+    report = nddebug.check(shuffled, repeats=3)
+    assert "IteratorGetNext" in set(report.sources["op_type"]), report.sources
+    assert nddebug.check(plain, repeats=3).ok
+    # With a global seed and none for the shuffle, each call draws its seeds from the global
+    # seed's counter: the seeds differ, and the pipeline (with its seeding advice) is named,
+    # not the op that computed a seed.
+    found = run_python(
+        """
+        import json
+        import tensorflow as tf
+        import nddebug
+        tf.random.set_seed(5)
+        def shuffled():
+            total = tf.constant(0.0)
+            for batch in tf.data.Dataset.range(64).shuffle(64).batch(8):
+                total += tf.reduce_sum(tf.cast(batch, tf.float32) * tf.range(8.0))
+            return total
+        report = nddebug.check(shuffled, repeats=3)
+        print(json.dumps(sorted(set(report.sources["op_type"]))))
+        """
+    )
+    assert found == ["IteratorGetNext"], found

@@ -87,6 +87,7 @@ def trace(
         raise
     finally:
         recorder.stop()
+        _determinism_set_inside(rec)
         if not rec.events and not (recorder.stream is not None and recorder.stream.started):
             rec.warnings.append(
                 "No TensorFlow op ran inside the block: nothing was recorded. Put the training "
@@ -109,6 +110,24 @@ def trace(
                         RuntimeWarning,
                         stacklevel=3,
                     )
+
+
+def _determinism_set_inside(rec: Recording) -> None:
+    """Op determinism switched inside the block (``nddebug run --all`` opens the block before
+    the script's first line, which may call enable_op_determinism()): the run is described
+    with the setting its ops ran under at the end, and the switch is said."""
+    from nddebug import environment
+
+    was = rec.environment.get("op_determinism")
+    now = environment.op_determinism_enabled()
+    if was is None or was == now:
+        return
+    rec.environment["op_determinism"] = now
+    rec.warnings.append(
+        f"Op determinism was turned {'on' if now else 'off'} inside the block (it was "
+        f"{'on' if was else 'off'} when the block began): the ops that ran before that ran "
+        f"{'without' if now else 'with'} it."
+    )
 
 
 #: Beside the file `nddebug run` gives a run: a line per trace() block the script entered,

@@ -126,6 +126,69 @@ def _prefetch(rec: Any, tensors: list[Any]) -> None:
             rec.eager_digests[t._id] = d
 
 
+#: Ops that bind a dataset to an iterator (input 0 the dataset, the iterator a resource
+#: input), and ops that take the iterator's next element.
+_BINDS_ITERATOR = frozenset({"MakeIterator"})
+_READS_ITERATOR = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+
+def _lineage_digest(op_type: str, in_digests: list[dg.Digest]) -> dg.Digest:
+    """A stand-in digest for what an op made that cannot be read (a dataset, an optional, a
+    tensor list: variants), made from the op and its input digests: equal inputs give an
+    equal one."""
+    import hashlib
+
+    raw = hashlib.blake2b(f"{op_type}|{in_digests!r}".encode(), digest_size=16).digest()
+    lo, hi = np.frombuffer(raw, dtype="<i8")
+    return int(lo), int(hi)
+
+
+#: A dataset op's seed inputs: left out of its stand-in digest. Seeds that differ make the
+#: pipeline's order differ, which its iterator's reads show and name as an input pipeline
+#: (with the advice to seed it); the values a dataset is built from are what the stand-in
+#: carries on.
+_SEED_ARGS = frozenset({"seed", "seed2"})
+
+
+def _lineage_inputs(rec: Any, op_type: str, inputs: Any, in_digests: list[Any]) -> list[Any]:
+    """The input digests a variant's stand-in digest is made from: all of them, but a dataset
+    op's seeds (see _SEED_ARGS)."""
+    op_def = ops.op_def(op_type)
+    names = [a.name for a in op_def.input_arg] if op_def is not None else []
+    if len(names) != len(inputs) or not _SEED_ARGS.intersection(names):
+        return in_digests
+    pairs = zip(names, inputs, strict=True)
+    kept = [_digest(rec, t) for name, t in pairs if name not in _SEED_ARGS]
+    return [d for d in kept if d is not None]
+
+
+def _variant_lineage(rec: Any, op_type: str, outputs: list[Any], in_digests: list[Any]) -> None:
+    """Give the variants an eager op made (a dataset, an optional) a stand-in digest that
+    their readers take as an input: a dataset built from values that differ is then seen to
+    differ, and so is what is built on it, down to the iterator that hands out its elements.
+    Its elements were otherwise named a source (inputs identical, output not) downstream of
+    the op that made the values (an unseeded random op feeding from_tensor_slices)."""
+    for t in outputs:
+        tid = getattr(t, "_id", None)
+        if tid is not None and t.dtype.name == "variant" and rec.eager_digests.get(tid) is None:
+            rec.eager_digests[tid] = _lineage_digest(op_type, in_digests)
+
+
+def _pipeline_inputs(rec: Any, op_type: str, inputs: Any, in_digests: list[Any]) -> None:
+    """An iterator's next element comes from the dataset bound to it: the dataset's stand-in
+    digest (see _variant_lineage), taken when it was bound, is one of the read's inputs."""
+    if op_type not in _BINDS_ITERATOR and op_type not in _READS_ITERATOR:
+        return
+    handle = ops.state_input(op_type, inputs)
+    if handle is None:
+        return
+    identity = ops.eager_identity(handle)
+    if op_type in _BINDS_ITERATOR:
+        rec.iterator_datasets[identity] = _lineage_digest(op_type, in_digests)
+    elif identity in rec.iterator_datasets:
+        in_digests.append(rec.iterator_datasets[identity])
+
+
 def _resource(op_type: str, inputs: Any) -> str:
     state = ops.state_input(op_type, inputs)
     return "" if state is None else ops.eager_identity(state)
@@ -170,6 +233,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     called = bool(ops.FUNCTION_CALL.match(op_type))
     if inputs or attrs:  # a call's attributes only configure how it runs
         in_digests.append(input_form(inputs, () if called else attrs))
+    _pipeline_inputs(rec, op_type, inputs, in_digests)
     out_tensors = list(outputs)
     note = ""
     function = opaque.function_kind(op_type) if called else ""
@@ -211,6 +275,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             if i < len(out_tensors) and getattr(out_tensors[i], "_id", None) is not None:
                 rec.eager_digests[out_tensors[i]._id] = None  # its readers: unreadable input
     out_digests = [None if i in at else _digest(rec, t) for i, t in enumerate(out_tensors)]
+    _variant_lineage(rec, op_type, out_tensors, _lineage_inputs(rec, op_type, inputs, in_digests))
     _track_unopened(rec, op_type, inputs, out_tensors, bool(function))
     op_def = ops.op_def(op_type)
     stateful = op_def is None or op_def.is_stateful

@@ -56,6 +56,9 @@ class Recorder:
         # Variants holding values nothing compared yet (EagerTensor._id -> the op that made
         # them): see eager._track_unopened.
         self.unopened: dict[int, str] = {}
+        # Per iterator (eager identity): the stand-in digest of the dataset bound to it (see
+        # eager._pipeline_inputs).
+        self.iterator_datasets: dict[str, Any] = {}
         self.eager_sites: dict[str, int] = {}
         # Per eager site: the resources its ops used, in the order first seen (see on_eager).
         self.eager_site_resources: dict[str, dict[str, int]] = {}
