@@ -162,16 +162,22 @@ def _lineage_inputs(rec: Any, op_type: str, inputs: Any, in_digests: list[Any]) 
     return [d for d in kept if d is not None]
 
 
-def _variant_lineage(rec: Any, op_type: str, outputs: list[Any], in_digests: list[Any]) -> None:
+def _variant_lineage(
+    rec: Any, op_type: str, outputs: list[Any], inputs: Any, in_digests: list[Any]
+) -> None:
     """Give the variants an eager op made (a dataset, an optional) a stand-in digest that
     their readers take as an input: a dataset built from values that differ is then seen to
     differ, and so is what is built on it, down to the iterator that hands out its elements.
     Its elements were otherwise named a source (inputs identical, output not) downstream of
     the op that made the values (an unseeded random op feeding from_tensor_slices)."""
+    lineage = None
     for t in outputs:
         tid = getattr(t, "_id", None)
         if tid is not None and t.dtype.name == "variant" and rec.eager_digests.get(tid) is None:
-            rec.eager_digests[tid] = _lineage_digest(op_type, in_digests)
+            if lineage is None:
+                kept = _lineage_inputs(rec, op_type, inputs, in_digests)
+                lineage = _lineage_digest(op_type, kept)
+            rec.eager_digests[tid] = lineage
 
 
 def _pipeline_inputs(rec: Any, op_type: str, inputs: Any, in_digests: list[Any]) -> None:
@@ -275,7 +281,7 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             if i < len(out_tensors) and getattr(out_tensors[i], "_id", None) is not None:
                 rec.eager_digests[out_tensors[i]._id] = None  # its readers: unreadable input
     out_digests = [None if i in at else _digest(rec, t) for i, t in enumerate(out_tensors)]
-    _variant_lineage(rec, op_type, out_tensors, _lineage_inputs(rec, op_type, inputs, in_digests))
+    _variant_lineage(rec, op_type, out_tensors, inputs, in_digests)
     _track_unopened(rec, op_type, inputs, out_tensors, bool(function))
     op_def = ops.op_def(op_type)
     stateful = op_def is None or op_def.is_stateful
