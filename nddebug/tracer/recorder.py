@@ -371,11 +371,13 @@ class Recorder:
         device of its own stands in for it. The registry's op, which runs share, takes the
         first call's device; a run whose call ran on another device gets its own copy."""
         op = self.recording.ops[op_id]
+        if op.device == device:
+            return  # stamped already (every execution after an op's first comes here)
         stamped = _STAMPED.get(op_id)
         if not op.device and stamped is None:
             op.device = device
             _STAMPED[op_id] = device
-        elif stamped is not None and op.device == stamped != device:
+        elif op.device == stamped:
             op = op.copy()
             op.device = device
             self.recording.ops[op_id] = op
