@@ -804,7 +804,7 @@ def _wait_all(
                 for p in procs:
                     if p.poll() is None:
                         p.kill()
-                if code == -signal.SIGINT:
+                if code == -signal.SIGINT and _interrupted_here():
                     raise KeyboardInterrupt
                 tail = _last_lines(errs[k])
                 others = " (the other workers were stopped)" if len(procs) > 1 else ""
@@ -821,6 +821,22 @@ def _wait_all(
             time.sleep(0.05)
 
 
+def _interrupted_here() -> bool:
+    """Whether a run that SIGINT killed was stopped by a Ctrl-C (which reaches nddebug too:
+    the terminal sends it to the whole process group), not by its own doing: a script that
+    raises KeyboardInterrupt (Python then ends with SIGINT) or signals itself failed, and was
+    reported as "interrupted" with no word of where. The signal reaches this process at
+    the same moment as the run's, and the run takes longer to die than this process takes to
+    raise it: waiting a moment lets a pending one arrive (time.sleep returns early for it)."""
+    import time
+
+    try:
+        time.sleep(0.5)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
 def _exit_status(code: int) -> str:
     """A run's exit code as a person reads it: a negative code is the signal that killed it,
     and SIGKILL from nobody in the session is most often the kernel's out-of-memory killer."""
@@ -832,8 +848,12 @@ def _exit_status(code: int) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    oom = " (the system may have run out of memory)" if -code == signal.SIGKILL else ""
-    return f"exit {code}: killed by {name}{oom}"
+    why = {
+        signal.SIGKILL: " (the system may have run out of memory)",
+        signal.SIGINT: " (not a Ctrl-C given to nddebug: the script raised KeyboardInterrupt "
+        "or signalled its own process)",
+    }.get(-code, "")
+    return f"exit {code}: killed by {name}{why}"
 
 
 def _free_ports(n: int) -> list[int]:

@@ -197,6 +197,34 @@ def test_a_run_killed_by_a_signal_says_which_and_a_folder_is_not_a_script(tmp_pa
     assert f"{tmp_path} is a folder: name the script to run in it" in folder.stderr
 
 
+def test_a_script_that_raises_keyboardinterrupt_itself_failed_it_was_not_interrupted(
+    tmp_path,
+) -> None:
+    """Python ends a script's uncaught KeyboardInterrupt by killing itself with SIGINT, as a
+    Ctrl-C would: nddebug said "interrupted" (exit 130), with no word of the script's
+    traceback. A Ctrl-C reaches nddebug too; this one did not, so the run failed."""
+    script = _script(
+        tmp_path,
+        "kbint.py",
+        """
+        import tensorflow as tf
+
+        import nddebug
+
+        with nddebug.trace():
+            tf.reduce_sum(tf.ones([4]) * 2.0)
+        raise KeyboardInterrupt("the script's own")
+        """,
+    )
+    result = _nddebug("run", "-n", "2", script)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "run 1 failed (exit -2: killed by SIGINT (not a Ctrl-C given to nddebug" in (
+        result.stderr
+    ), result.stderr[-3000:]
+    assert "KeyboardInterrupt: the script's own" in result.stderr
+    assert "interrupted" not in result.stderr
+
+
 def test_an_output_folder_that_does_not_exist_fails_before_any_run(tmp_path) -> None:
     marker = tmp_path / "ran"
     script = _script(tmp_path, "marks.py", f"open({str(marker)!r}, 'w').close()\n")
