@@ -23,7 +23,14 @@ from nddebug.analysis import (
 )
 from nddebug.errors import NotComparableError
 from nddebug.recording import OPAQUE, Recording
-from nddebug.risks import Risk, describe_bound, known_risks, rule_out_bound, setup_notes
+from nddebug.risks import (
+    Risk,
+    describe_bound,
+    known_risks,
+    rule_out_bound,
+    setup_notes,
+    shared_hashseed,
+)
 from nddebug.timeline import FirstDivergence, Window, divergence_per_step, first_divergence
 
 if TYPE_CHECKING:
@@ -211,6 +218,8 @@ class Report:
         culprits that ran without diverging, the bound of a clean result, other devices'
         culprits."""
         notes = setup_notes(self._compared_runs())
+        if self.mode == "processes":
+            notes += [n for n in [shared_hashseed(self._compared_runs())] if n]
         c = self.comparison
         unit = "re-executions" if self.mode == "rerun" else "runs"
         hidden = [r for r in self._risks(applies=True) if not r.observed]

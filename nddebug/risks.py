@@ -188,3 +188,25 @@ def setup_notes(recordings: list[Recording]) -> list[str]:
                 "the setup's rather than the step's."
             )
     return notes
+
+
+def shared_hashseed(recordings: list[Recording]) -> str:
+    """A note when runs made in separate processes all had one fixed PYTHONHASHSEED (set in
+    the shell ``nddebug run`` inherits, or by ``--hashseed N``): Python salts str and bytes
+    hashes per process only without it, so a step fed in set or dict-of-set order (a
+    vocabulary, file or feature list built from a set) came out the same in every run here
+    and can differ in processes started without it. "" when not."""
+    seeds = {
+        str(((r.environment or {}).get("env") or {}).get("PYTHONHASHSEED")) for r in recordings
+    }
+    if len(recordings) < 2 or len(seeds) != 1:
+        return ""
+    seed = seeds.pop()
+    if not seed.isdigit():  # unset ("None") or "random": a new salt per process
+        return ""
+    return (
+        f"every run had PYTHONHASHSEED={seed}, so Python's str and bytes hashes (set and "
+        "dict-of-set order) were the same in each process: a difference that order makes "
+        "could not show here; run with --hashseed random (or without PYTHONHASHSEED) to "
+        "include it."
+    )

@@ -504,3 +504,31 @@ def test_all_traces_the_verify_runs_too_and_says_determinism_the_script_turned_o
     result = _nddebug("run", "-n", "2", "--all", "--format", "json", determined)
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"op_determinism": true' in result.stdout, result.stdout[:2000]
+
+
+def test_runs_that_shared_one_pythonhashseed_say_set_order_could_not_show(tmp_path) -> None:
+    """PYTHONHASHSEED set in the shell is inherited by every run (the default): each process
+    then hashes strings alike, and a step fed in set order was "reproducible" in every run,
+    while processes started without it differ. The verdict says what the runs held fixed;
+    runs with a new hash salt each say nothing of it."""
+    script = _script(
+        tmp_path,
+        "setorder.py",
+        """
+        import tensorflow as tf
+
+        import nddebug
+
+        names = sorted({"alpha", "beta", "gamma"})  # sorted: the same in every process
+        with nddebug.trace():
+            tf.reduce_sum(tf.constant([float(len(n)) for n in names]) * 2.0)
+        """,
+    )
+    # (--hashseed 0 sets it as a shell's would be inherited: these tests run without it.)
+    fixed = _nddebug("run", "-n", "2", "--hashseed", "0", script)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-3000:]
+    assert "reproducible — 2 runs" in fixed.stdout, fixed.stdout
+    assert "every run had PYTHONHASHSEED=0" in fixed.stdout, fixed.stdout
+    salted = _nddebug("run", "-n", "2", "--hashseed", "random", script)
+    assert salted.returncode == 0, salted.stdout + salted.stderr[-3000:]
+    assert "reproducible — 2 runs" in salted.stdout and "PYTHONHASHSEED" not in salted.stdout
