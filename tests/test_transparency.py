@@ -673,6 +673,52 @@ def test_grappler_add_chain_rewrite_is_kept() -> None:
         assert summed().numpy().tobytes() == plain
 
 
+def _chain_step(terms: Callable[[Any], Any]) -> tuple[Callable[[], Any], tf.Variable]:
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(64, 32).astype("float32"))
+    w = tf.Variable(rng.randn(32, 32).astype("float32") * 0.2)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            y = terms(tf.matmul(x, w))
+            loss = tf.reduce_mean(tf.square(y)) + tf.reduce_mean(y)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    return step, w
+
+
+@pytest.mark.parametrize(
+    ("name", "terms", "warned"),
+    [
+        ("h + h * 0.5 + tanh(h)", lambda h: h + h * 0.5 + tf.tanh(h), True),
+        ("h * 0.5 + tanh(h) + sin(h)", lambda h: h * 0.5 + tf.tanh(h) + tf.sin(h), True),
+        ("h + tanh(h) + sin(h)", lambda h: h + tf.tanh(h) + tf.sin(h), False),
+    ],
+)
+def test_a_merged_sum_that_may_sum_in_another_order_is_said(name, terms, warned) -> None:
+    """Grappler merges a chain of adds into one AddN only where no add has a control edge,
+    so nddebug cannot order its records of the terms before it. AddN adds the others to the
+    first term nothing else holds (order matters from three terms): with a record still
+    reading the first, it took over the scaled term, and the traced gradient of
+    ``h + h * 0.5 + tanh(h)`` was a few ULPs off the plain one. Where the term taken over can
+    differ, the recording says so; where it cannot, the traced step is the plain one."""
+    with on_cpu():
+        step, w = _chain_step(terms)
+        step()
+        plain = w.numpy().tobytes()
+        step, w = _chain_step(terms)
+        with nddebug.trace() as rec:
+            step()
+        said = [x for x in rec.warnings if "three or more terms" in x]
+        assert bool(said) == warned, rec.warnings
+        if said:
+            assert "AddOpsRewrite" in said[0] and "verdict is about the traced step" in said[0]
+        else:
+            assert w.numpy().tobytes() == plain, f"{name}: tracing changed what the step computes"
+
+
 def _residual_affine() -> Any:
     """A BatchNorm-like affine output added to a residual (MobileNetV2's and ResNet's block
     add), trained with a batch dimension unknown when the graph is built, as Keras's train

@@ -28,6 +28,9 @@ from nddebug.tracer import ops
 #: Function name -> the sums grappler's memory optimizer rewrote in it (checked once per
 #: process: a function is optimized once, when it is first called).
 _REWRITTEN: dict[str, tuple[str, ...]] = {}
+#: Function name -> its sums of three or more terms that may take over another term's buffer
+#: than in the plain program (see :func:`reordered_sums`).
+_REORDERED: dict[str, tuple[str, ...]] = {}
 _LOCK = threading.Lock()
 #: The name grappler gives the temporary variable of a rewritten AddN named ``n``.
 _SUFFIX = "/tmp_var"
@@ -43,6 +46,81 @@ def rewritten_sums(run_metadata: Any) -> tuple[str, ...]:
                 if node.op == "TemporaryVariable" and node.name.endswith(_SUFFIX):
                     names.add(node.name[: -len(_SUFFIX)])
     return tuple(sorted(names))
+
+
+def reordered_sums(run_metadata: Any) -> tuple[str, ...]:
+    """The sums of three or more terms (``AddN``, most made by grappler's AddOpsRewrite from a
+    chain of adds) that may add their terms in another order traced than untraced.
+
+    TensorFlow's AddN kernel takes over the buffer of the first term that nothing else holds
+    and adds the others to it, so the order it sums in depends on which terms are free when
+    it starts; with three or more terms that order changes the bits (taking over the second
+    term instead of the first does not: a + b is b + a). A record of nddebug reading a term
+    holds it until the record has run. Where the sum is built in Python nddebug orders those
+    records first (instrument.digests_first); grappler's AddOpsRewrite merges a chain of
+    adds only where no node of it has a control edge, so a merged sum gets none, and
+    ``h + h * 0.5 + tanh(h)`` took over another term traced than plain (582 of 1,024
+    gradient elements a few ULPs away). Read from the optimized graphs: a term is free when
+    every other reader of it is among the sum's ancestors (it has run), in the program
+    without nddebug's ops and with them; a sum is named where the first free term differs
+    beyond that swap."""
+    from nddebug.tracer.unneeded import is_ours_name
+
+    found = set()
+    for fg in getattr(run_metadata, "function_graphs", ()):
+        for graph in fg.partition_graphs:
+            nodes = {n.name: n for n in graph.node}
+            readers: dict[str, list[tuple[str, bool]]] = {}  # node -> (reader, is ours)
+            for n in graph.node:
+                mine = n.op.startswith("Nddebug") or is_ours_name(n.name)
+                for x in n.input:
+                    if not x.startswith("^"):
+                        readers.setdefault(x.split(":")[0], []).append((n.name, mine))
+            for n in graph.node:
+                if n.op != "AddN" or is_ours_name(n.name):
+                    continue
+                terms = [x.split(":")[0] for x in n.input if not x.startswith("^")]
+                if len(terms) < 3 or not any(m for t in terms for _, m in readers.get(t, ())):
+                    continue
+                wanted = {r for t in terms for r, _ in readers.get(t, ()) if r != n.name}
+                before = _ancestors(nodes, n, wanted)
+                plain = [
+                    all(r in before for r, m in readers.get(t, ()) if r != n.name and not m)
+                    for t in terms
+                ]
+                traced = [
+                    free and all(r in before for r, m in readers.get(t, ()) if m)
+                    for t, free in zip(terms, plain, strict=True)
+                ]
+                if _taken(plain) != _taken(traced):
+                    found.add(n.name)
+    return tuple(sorted(found))
+
+
+def _taken(free: list[bool]) -> int | None:
+    """The term an AddN takes over, as far as its order goes: None where it sums in the
+    order of its inputs (no term free, or the first or second)."""
+    first = next((i for i, f in enumerate(free) if f), None)
+    return None if first is None or first < 2 else first
+
+
+def _ancestors(nodes: dict[str, Any], node: Any, wanted: set[str]) -> set[str]:
+    """Those of ``wanted`` that ``node`` waits for (through data or control edges); the
+    search stops once all are found."""
+    seen: set[str] = set()
+    hit: set[str] = set()
+    stack = [node]
+    while stack and hit != wanted:
+        for x in stack.pop().input:
+            name = x.lstrip("^").split(":")[0]
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in wanted:
+                hit.add(name)
+            if name in nodes:
+                stack.append(nodes[name])
+    return hit
 
 
 def call_and_check(name: str, call: Callable[[], Any]) -> Any:
@@ -66,15 +144,17 @@ def call_and_check(name: str, call: Callable[[], Any]) -> Any:
     try:
         out = call()
     finally:
-        found = _collected(ctx)
+        found, reordered = _collected(ctx)
     with _LOCK:
         _REWRITTEN[name] = found
+        _REORDERED[name] = reordered
     return out
 
 
-def _collected(ctx: Any) -> tuple[str, ...]:
-    """The rewritten sums in the graphs collected since graph collection was turned on, which
-    this turns off. Never raises: a failure here must not replace the call's own result."""
+def _collected(ctx: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The rewritten sums, and the sums that may be reordered, in the graphs collected since
+    graph collection was turned on, which this turns off. Never raises: a failure here must
+    not replace the call's own result."""
     try:
         metadata = ctx.export_run_metadata()
     except Exception:  # noqa: BLE001 - nothing collected: nothing to say
@@ -83,11 +163,32 @@ def _collected(ctx: Any) -> tuple[str, ...]:
         ctx.disable_graph_collection()
     except Exception:  # noqa: BLE001
         pass
-    return rewritten_sums(metadata) if metadata is not None else ()
+    if metadata is None:
+        return (), ()
+    try:
+        return rewritten_sums(metadata), reordered_sums(metadata)
+    except Exception:  # noqa: BLE001 - a graph it cannot read: nothing to say
+        return (), ()
 
 
 def note(recording: Recording, name: str) -> None:
-    """Say in ``recording``'s warnings which sums of function ``name`` were accumulated."""
+    """Say in ``recording``'s warnings which sums of function ``name`` were accumulated, and
+    which may be summed in another order than in the plain program."""
+    reordered = _REORDERED.get(name, ())
+    if reordered:
+        shown = ", ".join(reordered[:3]) + (
+            f" and {len(reordered) - 3} more" if len(reordered) > 3 else ""
+        )
+        ops.warn_once(
+            recording,
+            f"{len(reordered)} sum(s) of three or more terms in {ops.function_name(name)} "
+            f"({shown}) may add their terms in another order than the untraced step: "
+            "TensorFlow's AddN adds the others to the first term whose buffer nothing else "
+            "holds, and nddebug's records may still hold one when the sum runs (grappler "
+            "merged these from chains of adds, where nddebug can place no ordering edge). "
+            "Their last bits, and what follows from them, can differ from the untraced "
+            "step's; the verdict is about the traced step.",
+        )
     found = _REWRITTEN.get(name, ())
     if not found:
         return

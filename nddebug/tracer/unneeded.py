@@ -30,6 +30,11 @@ _OURS_SCOPE = re.compile(r"(?:^|/)nddebug(?:_\d+)?/")
 _CUT = "<records cut>"
 
 
+def is_ours_name(name: str) -> bool:
+    """Whether a node of that name sits in nddebug's name scope (see :func:`ours`)."""
+    return bool(_OURS_SCOPE.search(name))
+
+
 def ours(op: Any) -> bool:
     """Whether nddebug made this op (digests, records, the trace switch's read). In its name
     scope, a stateful op is nddebug's only where it is one of nddebug's kinds (a host callback
