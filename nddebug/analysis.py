@@ -506,6 +506,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     device = recordings[0].environment.get("emulated_device", "")
     setup = first_run_setup(findings, first_only)
     data_writers = _data_function_writers(recordings)
+    python_functions = _python_functions(recordings)
     updates = _updates_per_graph(recordings)
     restored = {
         str(op.attrs.get("variable"))
@@ -516,6 +517,8 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         _explain(f, device)
         if f.role == "source" and f.op.resource in data_writers:
             _written_in_data(f, data_writers[f.op.resource])
+        elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
+            _maybe_written_in_python(f, python_functions)
         elif f.role == "source" and f.kind == "other" and f.op.note == UPDATE_NOTE:
             _maybe_unordered(f, updates.get((f.op.graph, f.op.resource), 1) - 1, restored)
         if f.key in setup:
@@ -944,6 +947,42 @@ def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:
         "Python for loop over a dataset inside a tf.function, or Dataset.scan/reduce/map), "
         "which nddebug does not see into: the difference arose there, from the data the "
         "loop was given (its order: an unseeded shuffle) or from an op inside its body"
+    )
+
+
+#: Ops that run the step's own Python code (tf.py_function, tf.numpy_function), which can
+#: write variables nddebug does not see written.
+_PYTHON_FUNCTIONS = ("EagerPyFunc", "PyFunc")
+
+
+def _python_functions(recordings: list[Recording]) -> list[OpInfo]:
+    """The Python functions the runs called inside the step (see :data:`_PYTHON_FUNCTIONS`),
+    in the order first seen."""
+    ran = {ev.op_id for r in recordings for ev in r.events}
+    found: dict[str, OpInfo] = {}
+    for r in recordings:
+        for op_id, op in r.ops.items():
+            if op.op_type in _PYTHON_FUNCTIONS and op_id in ran:
+                found.setdefault(op.key, op)
+    return list(found.values())
+
+
+def _maybe_written_in_python(f: OpFinding, functions: list[OpInfo]) -> None:
+    """A source that reads state (a variable already different when read) in runs that
+    called Python code inside the step: that code can write variables (``v.assign`` in a
+    tf.py_function's body runs eagerly on TensorFlow's thread, which nddebug does not
+    record), so the difference may have arisen there, not in state carried over between
+    runs. It was blamed on the read alone, and ``check(state=[...])``, which restores that
+    variable itself, said the same."""
+    shown = ", ".join(
+        f"{op.op_type}" + (f" at {op.location}" if op.location else "") for op in functions[:3]
+    )
+    more = f" and {len(functions) - 3} more" if len(functions) > 3 else ""
+    f.explanation += (
+        f"; or written by Python code the step ran: {shown}{more} (tf.py_function, "
+        "tf.numpy_function) can assign variables, which nddebug does not record; if it wrote "
+        "this one, the difference arose there (NumPy's or Python's random state, the clock, "
+        "a file)"
     )
 
 

@@ -1577,3 +1577,50 @@ def test_an_iterator_over_a_dataset_built_from_values_that_differ_only_propagate
         """
     )
     assert found == ["IteratorGetNext"], found
+
+
+def test_a_variable_a_py_function_wrote_is_not_blamed_on_state_carried_over() -> None:
+    """A tf.py_function's body can assign a variable: it runs eagerly on TensorFlow's thread,
+    which nddebug does not record. The read after it differed, and was blamed only on state
+    "carried over between runs, or changed outside the traced block", even by check(), which
+    restored that variable itself: the Python code, where it arose, was not named. A read
+    that differs in a step with no Python function keeps its explanation alone."""
+    w = tf.Variable(tf.ones([4, 4]))
+    noise = tf.Variable(0.0)
+
+    def draw(a):
+        noise.assign(float(np.random.default_rng().uniform(1.0, 2.0)))  # unseeded: differs
+        return a
+
+    @tf.function
+    def step():
+        h = tf.matmul(tf.ones([2, 4]), w)
+        h2 = tf.py_function(draw, [h], tf.float32)
+        with tf.control_dependencies([h2]):
+            n = noise.read_value()
+        w.assign_sub(0.01 * n * tf.ones([4, 4]))
+        return tf.reduce_sum(h2)
+
+    report = nddebug.check(step, repeats=3, state=[w, noise])
+    assert not report.ok
+    sources = report.sources
+    read = sources[sources.op_type == "ReadVariableOp"]
+    assert len(read) == 1, sources[["op_type", "explanation"]].to_string()
+    said = read.explanation.iloc[0]
+    assert "written by Python code the step ran: EagerPyFunc at " in said, said
+    assert "test_trust.py:" in said  # where the py_function was made
+
+    v = tf.Variable(1.0)
+
+    @tf.function
+    def plain_read():
+        return v.read_value() * 2.0
+
+    recs = []
+    for value in (1.0, 2.0):  # changed outside the block
+        v.assign(value)
+        with nddebug.trace() as rec:
+            plain_read()
+        recs.append(rec)
+    said = nddebug.compare(recs).sources.explanation.iloc[0]
+    assert "state carried over" in said and "Python code" not in said, said
