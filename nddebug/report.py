@@ -127,10 +127,12 @@ class Report:
                 )
             runs = expand_reruns(recordings[0])
             if len(runs) < 2:
-                raise NotComparableError(
-                    "the rerun recording holds no re-executed op: were all its ops stateful, or "
-                    "its graphs traced before trace(rerun=k)?"
-                )
+                # Nothing it ran could be re-executed (random ops, updates, iterators; outputs
+                # it cannot read, as a TensorList's; graphs traced before the block): a report
+                # that says so, not ok, rather than an error that lost what was recorded.
+                self.comparison = Comparison(1, len(recordings[0].ops), 0, [], [], [], [])
+                self._nothing_rerun = True
+                return
             # Eager re-executions keep the values of divergent outputs as they go.
             own = [recordings[0]] if recordings[0].values else []
             capture_runs = [r for c in self.captures or own for r in expand_reruns(c)]
@@ -262,7 +264,27 @@ class Report:
         function called inside a graph but traced before the block; in rerun mode, ops it
         cannot re-execute that can differ by themselves): each keeps ``ok`` False."""
         blind = rerun_blind(self.recordings[0]) if self.mode == "rerun" and self.recordings else []
+        if getattr(self, "_nothing_rerun", False):
+            missed = not_rerun(self.recordings[0])
+            why = (
+                "; ".join(f"{', '.join(types)}: {reason}" for reason, types in missed.items())
+                if missed
+                else "it ran no op with an output nddebug can read: a TensorList, a dataset "
+                "or another variant is compared through the ops that fill and read it"
+            )
+            blind.insert(
+                0,
+                f"no op of the step could be re-executed, so nothing was compared ({why}): "
+                "repeat the whole step instead (nddebug.check(..., mode='repeat'))",
+            )
         return not_compared(self.recordings) + blind
+
+    @property
+    def blind_spots(self) -> list[str]:
+        """What was not compared that the warnings do not say already (rerun mode's ops it
+        could not re-execute), for a renderer to show next to the verdict: the verdict said
+        "not everything compared" and nothing said what."""
+        return [x for x in self.not_compared if not any(x in w for w in self.warnings)]
 
     @property
     def verdict(self) -> str:

@@ -99,6 +99,8 @@ def _render(report: Report) -> str:
         parts.append(f'<p class="note">{html.escape(note)}</p>')
     for w in report.warnings:  # what was not covered belongs next to the verdict
         parts.append(f'<p class="note">warning: {html.escape(w)}</p>')
+    for item in report.blind_spots:
+        parts.append(f'<p class="note">not compared: {html.escape(item)}</p>')
     for p in report.comparison.paths:
         parts.append(
             f"<p>Run {p.run} took a different path at top-level op #{p.position}: "

@@ -79,6 +79,8 @@ def _render(report: Report) -> str:
     ]
     if report.errors and not s["runs"]:
         lines.append("  The step could not run to the end: nothing was compared.")
+    elif not report.comparison.executions:
+        lines.append("  Nothing was compared (see below).")
     elif report.ok:
         lines.append("  Every traced op produced bitwise-identical outputs in every run.")
     elif not report.comparison.findings and not report.comparison.paths:
@@ -103,6 +105,8 @@ def _render(report: Report) -> str:
     for note in report.verdict_notes:
         lines += _wrap("note: ", note)
     lines += [f"  warning: {w}" for w in report.warnings]
+    for item in report.blind_spots:
+        lines += _wrap("not compared: ", item)
     for p in report.comparison.paths:
         lines.append(
             f"  Run {p.run} took a different path at top-level op #{p.position}: "
