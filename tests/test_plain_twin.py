@@ -266,3 +266,36 @@ def test_a_savedmodel_written_inside_a_block_loads_without_nddebug(
     )
     assert not out["nddebug"]
     assert np.array_equal(np.asarray(out["got"], np.float32), expected)
+
+
+def test_a_twin_goes_when_its_function_goes() -> None:
+    """A twin is registered with the context beside the function it stands for; when
+    TensorFlow removes that function (its last ConcreteFunction freed), the twin goes too.
+    It stayed: a step rebuilt again and again kept every twin and its kernels."""
+    import gc
+
+    from tensorflow.python.eager import context
+
+    def build() -> tuple[Any, str]:
+        v = tf.Variable(tf.ones([8]))
+
+        @tf.function
+        def step():
+            v.assign(v * 1.5 + 0.25)
+            return tf.reduce_sum(v)
+
+        with nddebug.trace():
+            step()
+        step()  # no block: its twin runs
+        name = step.get_concrete_function().name.decode()
+        return step, name
+
+    step, name = build()
+    twin = plain.twins().get(name)
+    assert twin is not None and twin != name, plain.twins().get(name)
+    assert context.context().has_function(twin)
+    del step
+    gc.collect()
+    assert not context.context().has_function(name)  # TensorFlow freed the function
+    assert not context.context().has_function(twin), "the twin outlived its function"
+    assert name not in plain.twins()

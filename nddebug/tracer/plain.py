@@ -34,6 +34,7 @@ instrumented function runs, as it must.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -255,6 +256,38 @@ def plain_graph_def(graph_def: Any) -> list[str]:
             del graph_def.node[:]
             graph_def.node.extend(nodes)
     return failed
+
+
+_removal_hooked = False
+
+
+def hook_removal() -> None:
+    """Remove a twin from the context when TensorFlow removes the function it stands for (its
+    last ConcreteFunction freed): twins stayed registered for good, so a program that makes
+    new functions (a step rebuilt per epoch, retraced for other shapes) kept every one of
+    their twins and the kernels made for them. Installed at the first trace, for good."""
+    global _removal_hooked
+    if _removal_hooked:
+        return
+    from tensorflow.python.eager import context
+
+    original = context.Context.remove_function
+
+    @functools.wraps(original)
+    def remove_function(self: Any, name: Any) -> Any:
+        out = original(self, name)
+        key = name.decode() if isinstance(name, bytes) else str(name)
+        with _lock:
+            twin = _twins.pop(key, None)
+        if twin and twin != key:
+            try:
+                original(self, twin)
+            except Exception:  # noqa: BLE001 - already gone: nothing to free
+                pass
+        return out
+
+    context.Context.remove_function = remove_function
+    _removal_hooked = True
 
 
 _saving_hooked = False

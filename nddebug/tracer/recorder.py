@@ -190,6 +190,7 @@ class Recorder:
         instrument.hook_statefulness()
         calls.hook_function_calls()
         plain.hook_saved_model()
+        plain.hook_removal()
         calls.listen(self.end_outer_call)
         with self.call_lock:
             # Calls other threads started before the hook was this block's must end first.
