@@ -17,7 +17,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, XLA_NOTE
-from nddebug.tracer import memory_rewrite, ops, plain
+from nddebug.tracer import ops, optimized_sums, plain
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
 # Stateful random op types: a function holding one with no seed differs call to call.
@@ -337,8 +337,8 @@ class PreCallHook:
         if not busy():
             fname = ops.as_str(name)
             if function_kind(fname) == "instrumented":
-                out = rec.own_call(lambda: memory_rewrite.call_and_check(fname, run))
-                memory_rewrite.note(rec.recording, fname)
+                out = rec.own_call(lambda: optimized_sums.call_and_check(fname, run))
+                optimized_sums.note(rec.recording, fname)
                 return out
             self.before.setdefault(fname, []).append(state_digests(tensor_inputs))
         return rec.own_call(run)

@@ -1,4 +1,8 @@
-"""Sums that grappler's memory optimizer turned into accumulations in the traced step.
+"""Sums that grappler's optimized traced step adds otherwise than the untraced one.
+
+Read from the optimized graphs of an instrumented function's first call: sums its memory
+optimizer turned into accumulations (below), and merged sums that may take over another
+term's buffer (:func:`reordered_sums`).
 
 Where grappler's static estimate of a function's peak memory exceeds 80% of the device's
 memory (on the CPU TensorFlow reports 256 MiB, so the threshold is ~215 MB: common for real
