@@ -27,6 +27,8 @@ from nddebug.recording import (
     NOT_COMPARED,
     OPAQUE,
     OTHER_THREADS,
+    PIPELINE_OPS,
+    PIPELINE_READERS,
     RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
@@ -351,7 +353,7 @@ def rerun_blind(rec: Recording) -> list[str]:
             t
             for types in missed.values()
             for t in types
-            if any(h in t for h in (*_RANDOM_HINTS, *_PIPELINE_HINTS, *_VARY_BY_THEMSELVES))
+            if any(h in t for h in (*_RANDOM_HINTS, *PIPELINE_READERS, *_VARY_BY_THEMSELVES))
         }
     )
     if varying:
@@ -515,6 +517,8 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
     }
     for f in findings:
         _explain(f, device)
+        if f.role == "source" and f.op.attrs.get(PIPELINE_OPS):
+            _behind_data_functions(f, device)
         if f.role == "source" and f.op.resource in data_writers:
             _written_in_data(f, data_writers[f.op.resource])
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
@@ -864,15 +868,7 @@ def _explain_opaque(f: OpFinding, device: str) -> None:
         else ("a tf.function traced before nddebug.trace() (its inner ops were not recorded)")
     )
     f.kind = "XLA cluster" if op.function == "xla" else "uninstrumented function"
-    inside = op.attrs.get("ops_inside", [])
-    random = sorted(
-        t.replace("(unseeded)", " (no seed)").replace("(random)", "")
-        for t in inside
-        if t.endswith(("(unseeded)", "(random)"))
-    )
-    known = sorted(
-        {t for t in inside if (c := knowledge.lookup(t, device)) is not None and c.kind != "random"}
-    )
+    random, known = _unseen_ops(op.attrs.get("ops_inside", []), device)
     more = len(op.written) - 4
     shown = ", ".join(op.written[:4]) + (f" and {more} more" if more > 0 else "")
     state = f" and the variables it captures ({shown})" if op.written else ""
@@ -887,6 +883,64 @@ def _explain_opaque(f: OpFinding, device: str) -> None:
         f.explanation += f"; known culprits inside it: {', '.join(known[:6])}"
 
 
+def _unseen_ops(inside: list[str], device: str) -> tuple[list[str], list[str]]:
+    """Of the op types of code nddebug did not record (``opaque.ops_inside``): its stateful
+    random ops, and the others the knowledge base lists for this device."""
+    random = sorted(
+        t.replace("(unseeded)", " (no seed)").replace("(random)", "")
+        for t in inside
+        if t.endswith(("(unseeded)", "(random)"))
+    )
+    known = sorted(
+        {t for t in inside if (c := knowledge.lookup(t, device)) is not None and c.kind != "random"}
+    )
+    return random, known
+
+
+def _behind_data_functions(f: OpFinding, device: str) -> None:
+    """A source that hands on or runs a dataset whose tf.data functions nddebug does not see
+    into (OpInfo.attrs[PIPELINE_OPS]; a `for x in dataset` loop's body inside a tf.function
+    is one): what they hold is where the difference may have arisen. A random op in the
+    loop's body was blamed on "the input pipeline" and the advice was to seed the shuffle."""
+    inside = f.op.attrs.get(PIPELINE_OPS, [])
+    random, known = _unseen_ops(inside, device)
+    writes = sorted({t for t in inside if t.startswith(_WRITER_PREFIXES)})
+    if not (random or known or writes):
+        return
+    held = []
+    if random:
+        held.append(f"stateful random op(s) {', '.join(random)}")
+    if known:
+        held.append(f"known culprits {', '.join(known[:6])}")
+    if writes:
+        held.append(f"variable updates ({', '.join(writes[:4])})")
+    f.explanation += (
+        "; the dataset runs tf.data functions nddebug does not record (the body of a "
+        "`for ... in dataset` loop inside a tf.function, or a map/filter/scan function), "
+        f"which hold {'; '.join(held)}: the difference may have arisen there"
+        + (
+            ", or in a variable they read and update that already held another value when "
+            "the runs began (restore every one: pass the model and the optimizer as state=)"
+            if writes
+            else ""
+        )
+    )
+    if random and f.kind == "input pipeline":
+        f.kind = "random"
+
+
+#: Op types that write a variable (as tracer.ops.WRITER matches them).
+_WRITER_PREFIXES = (
+    "ResourceApply",
+    "ResourceSparseApply",
+    "AssignVariableOp",
+    "AssignAddVariableOp",
+    "AssignSubVariableOp",
+    "ResourceScatter",
+    "ResourceStridedSliceAssign",
+)
+
+
 def not_compared(recordings: list[Recording]) -> list[str]:
     """What the runs could not compare (from their recorders): a verdict cannot be "ok"."""
     return sorted(
@@ -899,9 +953,6 @@ def not_compared(recordings: list[Recording]) -> list[str]:
     )
 
 
-#: Ops that hand on a dataset's elements: a dataset's iterator, and the ops that run a
-#: dataset inside the step (``Dataset.get_single_element``, ``Dataset.reduce``).
-_PIPELINE_HINTS = ("IteratorGetNext", "OptionalGetValue", "DatasetToSingleElement", "ReduceDataset")
 
 
 def _other_threads(findings: list[OpFinding], recordings: list[Recording]) -> None:
@@ -1154,7 +1205,7 @@ def _explain(f: OpFinding, device: str = "") -> None:
     elif any(h in op.op_type for h in _RANDOM_HINTS) or "seed" in op.attrs:
         f.kind = "random"
         f.explanation = "a random op whose state or seed differs between runs"
-    elif any(h in op.op_type for h in _PIPELINE_HINTS):
+    elif any(h in op.op_type for h in PIPELINE_READERS):
         f.kind = "input pipeline"
         f.explanation = "the input pipeline produced different data"
     elif op.op_type == "ReadVariableOp":

@@ -81,6 +81,19 @@ STATE_FILLERS = re.compile(
 OPAQUE = ("uninstrumented", "xla")
 #: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
 NOT_COMPARED = "Not compared: "
+#: OpInfo.attrs key of a dataset op, an iterator's read or an op that runs a dataset: the op
+#: types the tf.data functions behind it run (as ``tracer.opaque.ops_inside`` lists them),
+#: which nddebug does not record.
+PIPELINE_OPS = "pipeline_ops"
+#: Ops that hand on a dataset's elements: a dataset's iterator, and the ops that run a
+#: dataset inside the step (``Dataset.get_single_element``, ``Dataset.reduce``, a ``for``
+#: loop over a dataset inside a tf.function).
+PIPELINE_READERS = (
+    "IteratorGetNext",
+    "OptionalGetValue",
+    "DatasetToSingleElement",
+    "ReduceDataset",
+)
 #: How the warning starts that says other threads did TensorFlow work during the block (see
 #: nddebug.tracer.threads): not recorded, so a source whose inputs or state came in from
 #: outside may have come from there.

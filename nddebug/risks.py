@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nddebug import knowledge
-from nddebug.recording import Recording
+from nddebug.recording import PIPELINE_OPS, PIPELINE_READERS, Recording
 
 #: Kinds of knowledge-base entries whose op is non-deterministic by its kernel alone. Random
 #: ops are not here: seeded, they repeat; unseeded, every repeat shows it. Collectives are not
@@ -90,6 +90,15 @@ def known_risks(
                 members += [
                     (f"{op.key} > {t}", t, f"{t} inside {op.op_name or op.op_type}")
                     for t in op.attrs.get("ops_inside", [])
+                    if "(" not in t
+                ]
+            if op.op_type in PIPELINE_READERS:
+                # A dataset's tf.data functions (a `for x in dataset` loop's body inside a
+                # tf.function) run unseen, when the op that reads the dataset runs: the same
+                # holds, for that op (the datasets behind it list them too).
+                members += [
+                    (f"{op.key} > {t}", t, f"{t} in a tf.data function behind {op.op_type}")
+                    for t in op.attrs.get(PIPELINE_OPS, [])
                     if "(" not in t
                 ]
             if op.attrs.get("races_with") and op.key not in seen and race is not None:

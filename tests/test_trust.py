@@ -1624,3 +1624,63 @@ def test_a_variable_a_py_function_wrote_is_not_blamed_on_state_carried_over() ->
         recs.append(rec)
     said = nddebug.compare(recs).sources.explanation.iloc[0]
     assert "state carried over" in said and "Python code" not in said, said
+
+
+def _epoch_loop(body: Any, data: Any) -> Any:
+    """A training loop as AutoGraph makes it from `for batch in dataset` inside a
+    tf.function: a ScanDataset whose function is the body, run by ReduceDataset."""
+
+    @tf.function
+    def epoch():
+        for batch in tf.data.Dataset.from_tensor_slices(data).batch(8):
+            body(batch)
+        return tf.constant(0.0)
+
+    return epoch
+
+
+def test_a_loop_over_a_dataset_inside_a_function_is_not_called_reproducible_unseen() -> None:
+    """The loop's body runs as a tf.data function, which nddebug does not record: its known
+    culprits were dropped and the verdict was "reproducible", with nothing said. Now its
+    known culprits are risks, a warning says its ops are not compared one by one, and a
+    random op in it is named where the loop's result differs, not "the input pipeline"
+    alone."""
+    counts = tf.Variable(tf.zeros([16]))
+    ids = np.arange(64) % 16
+
+    def scatter(batch):
+        counts.scatter_add(tf.IndexedSlices(tf.ones([8]), tf.cast(batch, tf.int32)))
+
+    report = nddebug.check(_epoch_loop(scatter, ids), repeats=2, state=[counts])
+    assert not report.ok and report.verdict.startswith("NOT shown reproducible"), str(report)
+    assert "ResourceScatterAdd" in set(report.risks.op_type), report.risks
+    said = [w for w in report.warnings if w.startswith("ScanDataset at ")]
+    assert said and "writes variables (ResourceScatterAdd)" in said[0], report.warnings
+
+    w = tf.Variable(tf.ones([4]))
+
+    def noisy(batch):
+        w.assign_sub(0.01 * tf.random.uniform([4]) * tf.reduce_sum(tf.cast(batch, tf.float32)))
+
+    @tf.function
+    def epoch_sum():
+        total = tf.constant(0.0)
+        for batch in tf.data.Dataset.from_tensor_slices(ids).batch(8):
+            noisy(batch)
+            total += tf.reduce_sum(w)
+        return total
+
+    report = nddebug.check(epoch_sum, repeats=3, state=[w])
+    source = report.sources.iloc[0]
+    assert source.op_type == "ReduceDataset" and source.kind == "random", str(report)
+    assert "RandomUniform (no seed)" in source.explanation, source.explanation
+
+    @tf.function
+    def clean_epoch():  # a map function, no state: its elements are compared as they come
+        total = tf.constant(0.0)
+        for batch in tf.data.Dataset.from_tensor_slices(ids).map(lambda i: i * 2).batch(8):
+            total += tf.reduce_sum(tf.cast(batch, tf.float32))
+        return total
+
+    report = nddebug.check(clean_epoch, repeats=2)
+    assert report.ok and not report.warnings, str(report)

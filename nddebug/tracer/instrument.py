@@ -21,6 +21,7 @@ from nddebug import digest as dg
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     NOT_COMPARED,
+    PIPELINE_OPS,
     RECORDED_BY_CALLER,
     SHAPE_ONLY_OPS,
     TF1_GRAPH,
@@ -1208,6 +1209,59 @@ def _may_forward(t: Any, out: Any) -> bool:
     return t.shape.num_elements() == out.shape.num_elements()
 
 
+#: Per-graph cache entry: dataset or iterator tensor name -> what PIPELINE_OPS lists for it.
+_PIPELINES = "<pipelines>"
+
+
+def _pipeline(rec: Any, graph: Any, info: OpInfo, op: Any, inputs: Any, outputs: Any) -> list[str]:
+    """The op types of the tf.data functions a dataset, an iterator or an op that runs a
+    dataset depends on: its own functions and those of the datasets it is built on.
+
+    tf.data runs those functions where nddebug does not record, and a ``for x in dataset``
+    loop inside a tf.function becomes one: its body (forward pass, gradients, optimizer) is
+    a ScanDataset's function that ReduceDataset runs. Nothing of it was compared, its known
+    culprits were not listed, and a difference it made (an unseeded random op) was blamed
+    on "the input pipeline" alone. So the ops they hold go with the dataset to what reads it,
+    for the risks and the explanation; and a function that writes variables (a training
+    loop) is said not to be compared."""
+    cache = REGISTRY.graph_cache(graph)
+    known = cache.get(_PIPELINES, {})
+    found: set[str] = set()
+    for t in inputs:
+        found.update(known.get(t.name, ()))
+    own: set[str] = set()
+    if info.op_type.endswith("Dataset") or info.op_type.startswith("Dataset"):
+        for name in opaque.data_functions(op.node_def.attr):
+            own.update(opaque.ops_inside(name, graph))
+    if own:
+        writes = sorted({t for t in own if ops.WRITER.match(t)})
+        if writes:
+            where = f" at {info.location}" if info.location else ""
+            # Said, not "not compared": what the function does reaches the step only through
+            # what it returns and the variables it writes, which are compared where the step
+            # reads them (and check() compares its state= after the step).
+            ops.warn_once(
+                rec.recording,
+                f"{info.op_type}{where} runs a tf.data function that writes variables "
+                f"({', '.join(writes[:4])}): the body of a `for ... in dataset` loop inside a "
+                "tf.function (or a Dataset.map/scan/reduce function). tf.data runs it where "
+                "nddebug does not record, so its ops are not compared one by one: what it "
+                "returns and the variables it writes are compared where the step reads them "
+                "(check() compares its state= after the step too), and what is known to differ "
+                "among its ops is listed with the risks. Iterate the dataset outside the "
+                "tf.function (one traced step per batch) to compare every op.",
+            )
+    found |= own
+    if not found:
+        return []
+    pipeline = cache.setdefault(_PIPELINES, {})
+    for t in outputs:
+        pipeline[t.name] = found
+    if info.op_type == "MakeIterator" and len(inputs) > 1:
+        pipeline[inputs[1].name] = found  # the iterator its reads come from
+    return sorted(found)
+
+
 def _note_xla(rec: Any, graph: Any) -> None:
     """An XLA graph is not instrumented; the recorder warns once for all of them, counting
     the branches and loop bodies of each XLA function with it."""
@@ -1354,8 +1408,11 @@ def instrument_op(
         return None  # rerun mode on the host digests no inputs: nothing to pass through
     if alias != -1:
         # Pass-through: consumers see the producer's digest; nothing runs.
+        pipelines = cache.get(_PIPELINES, {})
         for i, out in enumerate(outputs):
             src = inputs[i if alias is None else alias] if inputs else None
+            if src is not None and src.name in pipelines:
+                pipelines[out.name] = pipelines[src.name]  # a dataset passed on (see _pipeline)
             if src is not None:
                 cache[out.name] = _passed_through(graph, src)
                 by_name = cache.get(DEFERRED, {})
@@ -1533,6 +1590,9 @@ def instrument_op(
         info.attrs["ops_inside"] = list(opaque.ops_inside(callee))
     elif callee in REGISTRY.function_keys:
         info.attrs["callee_key"] = REGISTRY.function_keys[callee]
+    pipeline = _pipeline(rec, graph, info, op, inputs, outputs)
+    if pipeline:
+        info.attrs[PIPELINE_OPS] = pipeline
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info
         if payload:

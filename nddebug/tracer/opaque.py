@@ -57,11 +57,12 @@ def function_kind(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def ops_inside(name: str) -> tuple[str, ...]:
+def ops_inside(name: str, graph: Any = None) -> tuple[str, ...]:
     """The op types a function runs, with those of the functions it calls (branches, loop
     bodies): what can be said of an opaque call without seeing it run. Stateful random ops
     are listed as ``<type>(random)`` or ``<type>(unseeded)``: seeded or not, they advance on
-    every call."""
+    every call. ``graph``: the graph whose library holds the function (a tf.data function is
+    added to the context only when that graph's function is)."""
     seen: set[str] = set()
     found: set[str] = set()
     todo = [name]
@@ -70,7 +71,7 @@ def ops_inside(name: str) -> tuple[str, ...]:
         if fname in seen:
             continue
         seen.add(fname)
-        fdef = _function_def(fname)
+        fdef = _library_def(graph, fname) or _function_def(fname)
         if fdef is None:
             continue
         for node in fdef.node_def:
@@ -87,6 +88,32 @@ def ops_inside(name: str) -> tuple[str, ...]:
                 todo += [value.func.name] if value.func.name else []
                 todo += [f.name for f in value.list.func]
     return tuple(sorted(found))
+
+
+def _library_def(graph: Any, name: str) -> Any:
+    """``name``'s FunctionDef in ``graph``'s function library or an outer graph's; None."""
+    while graph is not None:
+        fn = getattr(graph, "_functions", {}).get(name)
+        if fn is not None:
+            try:
+                return fn.definition
+            except Exception:  # noqa: BLE001 - another kind of function object
+                return getattr(fn, "cached_definition", None)
+        graph = getattr(graph, "outer_graph", None)
+    return None
+
+
+#: Where a tf.data op keeps the functions it runs for its elements (map, filter, scan,
+#: reduce, group_by, window functions...): every attribute holding a function.
+def data_functions(attrs: Any) -> list[str]:
+    """The functions a tf.data op's attributes name."""
+    out = []
+    for value in attrs.values():
+        if value.HasField("func") and value.func.name:
+            out.append(value.func.name)
+        elif value.HasField("list"):
+            out += [f.name for f in value.list.func]
+    return out
 
 
 #: Ops whose variant output holds values nddebug has not digested: an iterator's next element
