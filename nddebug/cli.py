@@ -524,6 +524,7 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
         # calls of the function called most often.
         ref = per_run[0][0][b]
         k = sum(1 for ev in ref.events[: first.index + 1] if ref.ops[ev.op_id].op_type == STEP_OP)
+        k2 = _through_step(ref, k)
         _say(
             f"\n=== --bisect: step {first.step} of trace block {b + 1}, recorded in full in 2 "
             "fresh runs ==="
@@ -533,7 +534,7 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
         second = []
         with tempfile.TemporaryDirectory(prefix="nddebug-bisect-") as tmp:
             for i in range(2):
-                env = {**_run_env(args, extra, i), DETAIL_ENV: f"step:{k}"}
+                env = {**_run_env(args, extra, i), DETAIL_ENV: f"step:{k}-{k2}"}
                 second.append(_one_run(again, env, i, tmp))
         recs = [run[0][b] for run in second if b < len(run[0])]
         if len(recs) < 2:
@@ -555,6 +556,31 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
             )
         status = max(status, OK if report.ok else FOUND)
     return status
+
+
+def _through_step(rec: Any, k: int) -> int:
+    """The folded step (one per top-level call) that ends the report's step holding folded
+    step ``k``: the report counts only the calls of the function called most often, and the
+    other calls (an evaluation every few steps) belong to the step they lead into. Recording
+    folded step ``k`` alone recorded an evaluation call without the training step it leads
+    into, and the second report numbered it as the step before ("step 4 of 4", where the
+    first said 5 of 12)."""
+    from collections import Counter
+
+    from nddebug.tracer.steps import STEP_OP
+
+    callees = [
+        rec.ops[ev.op_id].attrs.get("callee", "")
+        for ev in rec.events
+        if rec.ops[ev.op_id].op_type == STEP_OP
+    ]
+    if not callees:
+        return k
+    main = Counter(callees).most_common(1)[0][0]
+    for j in range(k, len(callees) + 1):
+        if callees[j - 1] == main:
+            return j
+    return k
 
 
 def _replayed(first_pass: Any, second_pass: Any, k: int) -> str:

@@ -499,3 +499,47 @@ def test_keras_validation_calls_are_not_training_steps() -> None:
         with nddebug.trace(detail=detail) as rec:
             model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x[:16], y[:16]))
         assert len(step_calls(rec)) == 8, detail  # 2 epochs of 4 batches; 2 validations
+
+
+_EVAL_EVERY_4 = """
+import numpy as np
+import tensorflow as tf
+
+import nddebug
+
+w = tf.Variable(tf.ones([4, 1]))
+
+
+@tf.function
+def train(x):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((x @ w - 1.0) ** 2)
+    w.assign_sub(0.05 * tape.gradient(loss, w))
+    return loss
+
+
+@tf.function
+def evaluate(x):
+    return tf.reduce_mean((x @ w - 1.0) ** 2)
+
+
+rng = np.random.default_rng(0)
+with nddebug.trace():
+    for i in range(12):
+        train(tf.constant(rng.normal(size=(8, 4)).astype("float32")))
+        if i % 4 == 3:  # an evaluation fed by an unseeded draw: it alone differs
+            evaluate(tf.constant(np.random.normal(size=(8, 4)).astype("float32")))
+"""
+
+
+def test_bisect_records_an_evaluation_with_the_step_it_leads_into(tmp_path: Any) -> None:
+    """An evaluation call every 4 steps belongs to the step it leads into (step 5). The
+    second pass recorded the evaluation's call alone, not training step 5, and its report
+    said "step 4 of 4" and "steps 1 to 3 agree" where the first said step 5 of 12."""
+    proc = _bisect(tmp_path, _EVAL_EVERY_4)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    first, _, second = proc.stdout.partition("=== --bisect: step 5 ")
+    assert "first part at step 5 of 12" in first, proc.stdout
+    assert "first part at step 5 of 5, in MatMul" in second, second
+    assert "Steps 1 to 4 agree" in second and "did not replay" not in second, second
+    assert "(evaluate)" in second

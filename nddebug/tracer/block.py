@@ -43,7 +43,8 @@ def trace(
     asks for: a script's check() compares its runs itself, and its warm-up is no block of the
     script's.
     ``detail="steps"`` keeps one digest per step instead of every op execution (very long
-    runs), ``detail="step:K"`` step K in full and the steps before it as digests (see
+    runs), ``detail="step:K"`` step K in full and the steps before it as digests
+    (``"step:K-L"``: steps K to L in full; see
     :mod:`nddebug.tracer.steps`); `nddebug run` sets it through NDDEBUG_DETAIL.
     """
     if emulate_gpu or os.environ.get(EMULATE_ENV) == "1":

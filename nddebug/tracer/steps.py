@@ -22,19 +22,24 @@ STEP_KEY = "step"
 _MASK = (1 << 64) - 1
 
 
-def parse(detail: str) -> tuple[str, int | None]:
-    """``"ops"`` (every op execution), ``"steps"`` (one digest per step) or ``"step:K"``
-    (step K in full, the steps before it as digests, nothing after it)."""
+def parse(detail: str) -> tuple[str, tuple[int, int] | None]:
+    """``"ops"`` (every op execution), ``"steps"`` (one digest per step), ``"step:K"`` (step
+    K in full, the steps before it as digests, nothing after it) or ``"step:K-L"`` (steps K
+    to L in full: an evaluation call that leads into a training step, and that step)."""
     if detail in ("ops", "steps"):
         return detail, None
     if detail.startswith("step:"):
+        first, _, last = detail.split(":", 1)[1].partition("-")
         try:
-            k = int(detail.split(":", 1)[1])
+            k = int(first)
+            k2 = int(last) if last else k
         except ValueError:
-            k = 0
-        if k >= 1:
-            return "step", k
-    raise ValueError(f"detail must be 'ops', 'steps' or 'step:K' with K >= 1, got {detail!r}")
+            k = k2 = 0
+        if 1 <= k <= k2:
+            return "step", (k, k2)
+    raise ValueError(
+        f"detail must be 'ops', 'steps', 'step:K' or 'step:K-L' with 1 <= K <= L, got {detail!r}"
+    )
 
 
 def _hash(key: str, digests: list[Any]) -> int:
@@ -74,11 +79,11 @@ class StepFolder:
     def _close(self, recorder: Any, step: int) -> None:
         events = recorder.recording.events
         mine = events[self.start :]
-        if self.mode == "step" and step == self.keep:
+        if self.mode == "step" and self.keep[0] <= step <= self.keep[1]:
             self.start = len(events)  # this step in full
             return
         del events[self.start :]
-        if self.mode == "step" and step > self.keep:
+        if self.mode == "step" and step > self.keep[1]:
             self.start = len(events)  # after the step of interest: nothing is kept
             return
         total, count = 0, 0
