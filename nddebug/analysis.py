@@ -515,8 +515,19 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
         for op in recordings[0].ops.values()
         if op.op_type == "VariableState" and op.attrs.get("variable")
     }
+    # Steps end with top-level calls: a block of eager code alone is one step, and a report
+    # of one "step 1" said nothing of why.
+    eager_only = not any(
+        op.op_type == "Step" and op.attrs.get("callee") for op in recordings[0].ops.values()
+    )
     for f in findings:
         _explain(f, device)
+        if f.op.op_type == "Step" and eager_only:
+            f.explanation += (
+                " (this block called no tf.function and ran no Session.run, so its op "
+                "executions, all eager, were one step: the step in full is the whole block, "
+                "and its first divergence is given by execution)"
+            )
         if f.role == "source" and f.op.attrs.get(PIPELINE_OPS):
             _behind_data_functions(f, device)
         if f.role == "source" and f.op.resource in data_writers:

@@ -543,3 +543,33 @@ def test_bisect_records_an_evaluation_with_the_step_it_leads_into(tmp_path: Any)
     assert "first part at step 5 of 5, in MatMul" in second, second
     assert "Steps 1 to 4 agree" in second and "did not replay" not in second, second
     assert "(evaluate)" in second
+
+
+def test_an_eager_block_folded_into_steps_says_it_was_one_step() -> None:
+    """Steps end with top-level calls: a block of eager code alone folds into one step, and
+    the report named a Step "created at ? on ?" with no word of why there was one step."""
+    recs = []
+    for k in range(2):
+        with nddebug.trace(detail="steps") as rec:
+            x = tf.ones([4])
+            for i in range(5):
+                x = x * 1.5 + (float(k) if i == 3 else 0.0)  # run 2 parts at iteration 4
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    (source,) = [f for f in report.comparison.findings if f.role == "source"]
+    assert source.op.op_type == "Step"
+    assert "called no tf.function" in source.explanation, source.explanation
+    assert "created at ?" not in str(report)
+
+    @tf.function
+    def step(x):
+        return x * 1.5
+
+    recs = []
+    for k in range(2):
+        with nddebug.trace(detail="steps") as rec:
+            for i in range(3):
+                step(tf.ones([4]) + (float(k) if i == 2 else 0.0))
+        recs.append(rec)
+    (source,) = [f for f in nddebug.compare(recs).comparison.findings if f.role == "source"]
+    assert source.op.op_type == "Step" and "called no tf.function" not in source.explanation

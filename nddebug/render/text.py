@@ -126,7 +126,11 @@ def _render(report: Report) -> str:
             lines += [
                 "",
                 f"Source: {row['op_type']} ({row['op_name'].strip('()')}) — {row['kind']}",
-                f"  created at {row['location'] or '?'} on {row['device'] or '?'}",
+                *(
+                    [f"  created at {row['location'] or '?'} on {row['device'] or '?'}"]
+                    if row["location"] or row["device"]
+                    else []  # a pseudo-op (a folded step): no one place made it
+                ),
                 *_wrap("size: ", _size(row)),
                 *_wrap("why: ", row["explanation"]),
                 *_wrap("known: ", _known(row)),
