@@ -1222,8 +1222,9 @@ def _pipeline(rec: Any, graph: Any, info: OpInfo, op: Any, inputs: Any, outputs:
     a ScanDataset's function that ReduceDataset runs. Nothing of it was compared, its known
     culprits were not listed, and a difference it made (an unseeded random op) was blamed
     on "the input pipeline" alone. So the ops they hold go with the dataset to what reads it,
-    for the risks and the explanation; and a function that writes variables (a training
-    loop) is said not to be compared."""
+    for the risks and the explanation; and a warning says when such a function writes
+    variables (a training loop): its ops are compared only through what it returns and
+    writes."""
     cache = REGISTRY.graph_cache(graph)
     known = cache.get(_PIPELINES, {})
     found: set[str] = set()
