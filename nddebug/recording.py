@@ -85,6 +85,10 @@ NOT_COMPARED = "Not compared: "
 #: types the tf.data functions behind it run (as ``tracer.opaque.ops_inside`` lists them),
 #: which nddebug does not record.
 PIPELINE_OPS = "pipeline_ops"
+#: OpInfo.attrs key of a while loop (its While op) that runs iterations side by side
+#: (parallel_iterations > 1) and holds stateful random ops: their types (see
+#: risks.known_risks and the knowledge entry "legacy random ops in parallel loop iterations").
+PARALLEL_RANDOM = "parallel_random"
 #: Ops that hand on a dataset's elements: a dataset's iterator, and the ops that run a
 #: dataset inside the step (``Dataset.get_single_element``, ``Dataset.reduce``, a ``for``
 #: loop over a dataset inside a tf.function).

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nddebug import knowledge
-from nddebug.recording import PIPELINE_OPS, PIPELINE_READERS, Recording
+from nddebug.recording import PARALLEL_RANDOM, PIPELINE_OPS, PIPELINE_READERS, Recording
 
 #: Kinds of knowledge-base entries whose op is non-deterministic by its kernel alone. Random
 #: ops are not here: seeded, they repeat; unseeded, every repeat shows it. Collectives are not
@@ -55,8 +55,12 @@ def _device(op: Any, env: dict[str, Any]) -> str:
 RACE_TOPIC = "TF1 graphs / Session thread order"
 
 
-def _race_culprit() -> knowledge.Culprit | None:
-    return next((c for c in knowledge.culprits() if c.topic == RACE_TOPIC), None)
+#: The knowledge entry of stateful random ops shared by loop iterations run side by side.
+LOOP_RANDOM_TOPIC = "legacy random ops in parallel loop iterations"
+
+
+def _race_culprit(topic: str = RACE_TOPIC) -> knowledge.Culprit | None:
+    return next((c for c in knowledge.culprits() if c.topic == topic), None)
 
 
 def known_risks(
@@ -116,6 +120,21 @@ def known_risks(
                     culprit=race,
                 )
                 continue
+            racing = op.attrs.get(PARALLEL_RANDOM)
+            loop_race = _race_culprit(LOOP_RANDOM_TOPIC) if racing else None
+            if loop_race is not None and f"{op.key} > loop" not in seen:
+                # Not seen by construction: the traced loop runs its iterations in turn.
+                seen[f"{op.key} > loop"] = Risk(
+                    op_type=", ".join(racing),
+                    op_name=f"{', '.join(racing)} in the loop {op.op_name or op.op_type} "
+                    "(its iterations run side by side)",
+                    key=f"{op.key} > loop",
+                    location=op.location,
+                    device=device,
+                    observed=op.key in diverged,
+                    applies=True,
+                    culprit=loop_race,
+                )
             for key, op_type, name in members:
                 if key in seen:
                     continue

@@ -1692,3 +1692,32 @@ def test_a_loop_over_a_dataset_inside_a_function_is_not_called_reproducible_unse
 
     report = nddebug.check(clean_epoch, repeats=2)
     assert report.ok and not report.warnings, str(report)
+
+
+@pytest.mark.parametrize("parallel", [8, 1])
+def test_random_ops_shared_by_loop_iterations_side_by_side_are_a_risk(parallel) -> None:
+    """A legacy random op in a while loop is one kernel with one generator state; iterations
+    run side by side take its draws in thread order, so the plain loop's results differ from
+    run to run (3 distinct in 6 processes, seeded). The traced loop runs its iterations in
+    turn (every loop variable waits for the iteration's records) and always drew in order:
+    "reproducible". It is a risk now, as is a known kernel that did not diverge; with
+    parallel_iterations=1 there is no race and no risk."""
+    tf.random.set_seed(0)
+
+    @tf.function
+    def step():
+        def body(i, acc):
+            return i + 1, acc + tf.random.uniform([4]) * tf.cast(i, tf.float32)
+
+        return tf.while_loop(
+            lambda i, acc: i < 16, body, [0, tf.zeros([4])], parallel_iterations=parallel
+        )[1]
+
+    report = nddebug.check(step, repeats=2, seed=0)
+    loop = report.risks[report.risks.op_name.str.contains("in the loop")]
+    if parallel == 1:
+        assert loop.empty and report.ok, str(report)
+        return
+    assert not report.ok and report.verdict.startswith("NOT shown reproducible"), str(report)
+    assert list(loop.op_type) == ["RandomUniform"], report.risks
+    assert "parallel_iterations=1" in loop.iloc[0].fix

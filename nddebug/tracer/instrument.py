@@ -21,6 +21,7 @@ from nddebug import digest as dg
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     NOT_COMPARED,
+    PARALLEL_RANDOM,
     PIPELINE_OPS,
     RECORDED_BY_CALLER,
     SHAPE_ONLY_OPS,
@@ -1263,6 +1264,20 @@ def _pipeline(rec: Any, graph: Any, info: OpInfo, op: Any, inputs: Any, outputs:
     return sorted(found)
 
 
+def _parallel_random(graph: Any, op: Any) -> list[str]:
+    """The stateful random ops in a while loop's body (and what it calls) when the loop runs
+    iterations side by side: they share one generator state that the iterations reach in
+    thread order, a race the plain loop has and the traced one cannot show, since every
+    loop variable of the traced body waits for the iteration's records and so the traced
+    iterations run one after another."""
+    attr = op.node_def.attr
+    if "parallel_iterations" not in attr or attr["parallel_iterations"].i <= 1:
+        return []
+    body = attr["body"].func.name if "body" in attr else ""
+    inside = opaque.ops_inside(body, graph) if body else ()
+    return sorted({t.split("(")[0] for t in inside if t.endswith(("(unseeded)", "(random)"))})
+
+
 def _note_xla(rec: Any, graph: Any) -> None:
     """An XLA graph is not instrumented; the recorder warns once for all of them, counting
     the branches and loop bodies of each XLA function with it."""
@@ -1594,6 +1609,10 @@ def instrument_op(
     pipeline = _pipeline(rec, graph, info, op, inputs, outputs)
     if pipeline:
         info.attrs[PIPELINE_OPS] = pipeline
+    if op_type in ("While", "StatelessWhile"):
+        racing = _parallel_random(graph, op)
+        if racing:
+            info.attrs[PARALLEL_RANDOM] = racing
     with REGISTRY.lock:
         REGISTRY.ops[op_id] = info
         if payload:
