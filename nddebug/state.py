@@ -57,9 +57,12 @@ def collect_state(state: Any) -> tuple[list[Any], list[Any]]:
         elif _mutable_table(v):
             tables.setdefault(id(v), v)
 
+    walked: set[int] = set()
+
     def walk(obj: Any, where: str) -> None:
-        if obj is None:
+        if obj is None or id(obj) in walked:
             return
+        walked.add(id(obj))
         if isinstance(obj, dict):
             for k, o in obj.items():
                 walk(o, f"{where}[{k!r}]")
@@ -95,6 +98,11 @@ def collect_state(state: Any) -> tuple[list[Any], list[Any]]:
             accepted = True  # a tf.train.Checkpoint and what it tracks
             for child in tf.train.TrackableView(obj).descendants():
                 add(child)
+                if _is_keras_model(child) or _is_keras_optimizer(child):
+                    # What a checkpoint tracks of a Keras 3 model leaves out its layers'
+                    # seed generators (a Dropout's): they were not restored, the step was
+                    # "NOT reproducible" and check() left other weights than one step.
+                    walk(child, f"{where} > {type(child).__name__}")
         if not accepted:
             raise TypeError(
                 f"state{where} is a {type(obj).__name__}, which holds no TensorFlow variables "
@@ -116,6 +124,10 @@ def is_iterator(obj: Any) -> bool:
 
 def _is_keras_model(obj: Any) -> bool:
     return hasattr(obj, "train_on_batch") and hasattr(obj, "compile")
+
+
+def _is_keras_optimizer(obj: Any) -> bool:
+    return hasattr(obj, "apply_gradients") and hasattr(obj, "variables")
 
 
 def keras_models(state: Any) -> list[Any]:
