@@ -1141,3 +1141,26 @@ def test_an_argument_from_an_opaque_source_call_leaves_one_source() -> None:
         report = nddebug.check(step, repeats=3, quantify=False)
     sources = [f for f in report.comparison.findings if f.role == "source"]
     assert [f.op.function for f in sources] == ["uninstrumented"], str(report)
+
+
+def test_vectorized_map_with_a_byte_mover_in_a_branch_runs_traced() -> None:
+    """pfor converts a tf.cond or switch_case branch inside tf.vectorized_map as a function
+    of its own, nddebug's records with it: it fell back to a while loop for them and raised
+    "Attempting to slice scalar input" (a ReverseV2's record reads a digest made from its
+    input's), as tf.image.random_flip_left_right does. Their vectorized versions record
+    nothing; the step computes the plain bits."""
+    x = tf.reshape(tf.range(2 * 4 * 3, dtype=tf.float32), [2, 4, 3])
+
+    def flip(im):
+        return tf.cond(tf.reduce_sum(im) > 30.0, lambda: tf.reverse(im, [1]), lambda: im)
+
+    def cases(im):
+        pick = tf.cast(tf.reduce_sum(im) > 30.0, tf.int32)
+        return tf.switch_case(pick, [lambda: im, lambda: tf.reverse(im, [1])])
+
+    for fn in (flip, cases):
+        plain = tf.function(lambda fn=fn: tf.vectorized_map(fn, x))().numpy()
+        step = tf.function(lambda fn=fn: tf.vectorized_map(fn, x))
+        with nddebug.trace():
+            traced = step().numpy()
+        assert traced.tobytes() == plain.tobytes()

@@ -831,7 +831,32 @@ def hook_pfor() -> None:
         original(self, loop_var, loop_len, pfor_ops, *args, **kw)
 
     pfor_module.PFor.__init__ = __init__
+    # A template left as it is (a tf.cond or switch_case branch inside the vectorized
+    # function, which pfor converts as a function of its own) still holds nddebug's ops: pfor
+    # fell back to a while loop for them and failed ("Attempting to slice scalar input" in a
+    # branch holding a ReverseV2, whose record reads a digest made from its input's). Their
+    # vectorized versions record nothing, as the ops pfor is given without them.
+    for op_type in ("NddebugDigestRecord", "NddebugDigest", "NddebugRecord"):
+        if op_type not in pfor_module._pfor_converter_registry:
+            pfor_module.RegisterPFor(op_type)(_unrecorded_in_pfor)
     _pfor_hooked = True
+
+
+def _unrecorded_in_pfor(pfor_input: Any) -> Any:
+    """pfor's version of a record of nddebug's: no record; zero digests where it has outputs
+    (only other records of the same template read them)."""
+    import tensorflow as tf
+    from tensorflow.python.ops.parallel_for import pfor as pfor_module
+
+    op = pfor_input.op
+    if not op.outputs:
+        return tf.no_op()
+    return [
+        pfor_module.wrap(tf.zeros([d or 1 for d in t.shape.as_list()], t.dtype), False)
+        if t.shape.rank is not None
+        else pfor_module.wrap(tf.zeros([1, 2], t.dtype), False)
+        for t in op.outputs
+    ]
 
 
 _tracing = threading.local()  # for_data: tracings of tf.data functions in progress
