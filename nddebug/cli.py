@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from nddebug.errors import NddebugError
+from nddebug.errors import NddebugError, NotComparableError
 
 OK, FOUND, ERROR = 0, 1, 2
 INTERRUPTED = 130  # Ctrl-C, as a shell reports it
@@ -354,7 +354,10 @@ def _report(args: argparse.Namespace) -> int:
         if max(len(run) for run in per_run) == 1:
             per_run = None  # one block, one worker: every recording is one run of it
     if per_run is None:
-        report = compare(recordings)
+        try:
+            report = compare(recordings)
+        except NotComparableError as exc:
+            raise UsageError(f"{args.file}: {exc}") from None  # which file could not be
         _emit(render(report, args.format), args.output)
         return OK if report.ok else FOUND
     # Several blocks or workers, as `nddebug run -o` saves them: compared as `run` did.
@@ -839,9 +842,13 @@ def _wait_all(
         if pending and deadline is not None and time.monotonic() > deadline:
             names = ", ".join(str(k) for k in sorted(pending))
             stuck = f"worker(s) {names} still running" if len(procs) > 1 else "still running"
+            why = (
+                " (a worker that waits for a missing or stuck peer never returns)"
+                if len(procs) > 1
+                else " (raise --timeout if the script needs longer)"
+            )
             raise UsageError(
-                f"{who(min(pending))} timed out after {timeout:g} s: {stuck}, all stopped "
-                "(a worker that waits for a missing or stuck peer never returns)"
+                f"{who(min(pending))} timed out after {timeout:g} s: {stuck}, all stopped{why}"
             )
         if pending:
             time.sleep(0.05)

@@ -532,3 +532,33 @@ def test_runs_that_shared_one_pythonhashseed_say_set_order_could_not_show(tmp_pa
     salted = _nddebug("run", "-n", "2", "--hashseed", "random", script)
     assert salted.returncode == 0, salted.stdout + salted.stderr[-3000:]
     assert "reproducible — 2 runs" in salted.stdout and "PYTHONHASHSEED" not in salted.stdout
+
+
+def test_a_one_run_file_and_a_timeout_say_what_they_are_about(tmp_path) -> None:
+    """`nddebug report` on a file with one run said why it could not compare, not which file;
+    `--timeout` on a one-process run blamed a worker waiting for a missing peer."""
+    path = tmp_path / "one.nddebug"
+    script = _script(
+        tmp_path,
+        "one.py",
+        f"""
+        import tensorflow as tf
+
+        import nddebug
+
+        with nddebug.trace(path={str(path)!r}):
+            tf.reduce_sum(tf.ones([3]) * 2.0)
+        """,
+    )
+    made = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, env=_env(), timeout=TIMEOUT
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    report = _nddebug("report", str(path))
+    assert report.returncode == 2
+    assert f"{path}: comparison needs at least two recordings" in report.stderr, report.stderr
+    slow = _script(tmp_path, "slow.py", "import time\n\ntime.sleep(30)\n")
+    stopped = _nddebug("run", "-n", "2", "--timeout", "1", slow)
+    assert stopped.returncode == 2, stopped.stderr[-3000:]
+    assert "run 1 timed out after 1 s: still running, all stopped" in stopped.stderr
+    assert "peer" not in stopped.stderr and "raise --timeout" in stopped.stderr
