@@ -8,9 +8,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nddebug import state as st
-from nddebug.recording import Recording
+from nddebug.recording import PIPELINE_OPS, Recording
 from nddebug.report import Report
-from nddebug.tracer.ops import WRITER, eager_identity, reads_or_writes_variable
+from nddebug.tracer.ops import WRITER, eager_identity
+
+
+def _may_update_variables(recording: Recording) -> bool:
+    """Whether a run may have changed a variable: an update op, or code it could not see into
+    that may write one (a call traced before the block or compiled by XLA, a tf.data
+    function). A step that only reads variables (``model.predict``) starts every repeat
+    from the same values; it was told to pass state= all the same."""
+    for op in recording.ops.values():
+        if op.resource and WRITER.match(op.op_type):
+            return True
+        if op.function in ("uninstrumented", "xla"):
+            return True  # it may write what it captures, unseen
+        unseen = [*op.attrs.get("ops_inside", []), *op.attrs.get(PIPELINE_OPS, [])]
+        if any(WRITER.match(t) for t in unseen):
+            return True
+    return False
 
 
 def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
@@ -307,15 +323,9 @@ def check(
         if xla_random and xla_random not in warnings:
             warnings.append(xla_random)
             warm.warnings.append(xla_random)
-        if (
-            mode == "repeat"
-            and state is None
-            and any(
-                op.resource and reads_or_writes_variable(op.op_type) for op in warm.ops.values()
-            )
-        ):
+        if mode == "repeat" and state is None and _may_update_variables(warm):
             warnings.append(
-                "The step reads or updates variables but no state= was given: every repeat "
+                "The step updates variables but no state= was given: every repeat "
                 "starts from whatever the previous one left. Pass the model, optimizer or "
                 "variables as state= to restore them."
             )

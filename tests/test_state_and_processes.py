@@ -28,6 +28,15 @@ def test_an_update_without_state_is_blamed_on_state_not_on_a_kernel() -> None:
     # With the variable as state, the same step is reproducible.
     assert nddebug.check(step, tf.ones([16]), repeats=3, state=v).ok
 
+    # A step that only reads variables (model.predict) starts every repeat from the same
+    # values: it was told to pass state= all the same.
+    @tf.function
+    def read_only(x):
+        return tf.reduce_sum(v * x)
+
+    report = nddebug.check(read_only, tf.ones([16]), repeats=3)
+    assert report.ok and not report.warnings, report.warnings
+
 
 def test_a_wrapper_around_a_pretraced_function_still_checks_the_state_it_leaves() -> None:
     v = tf.Variable(tf.zeros([8]))
