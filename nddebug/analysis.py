@@ -36,6 +36,7 @@ from nddebug.recording import (
     STATE_READERS,
     TF1_GRAPH,
     UPDATE_NOTE,
+    WRITER,
     XLA_NOTE,
     Event,
     OpInfo,
@@ -915,7 +916,7 @@ def _behind_data_functions(f: OpFinding, device: str) -> None:
     loop's body was blamed on "the input pipeline" and the advice was to seed the shuffle."""
     inside = f.op.attrs.get(PIPELINE_OPS, [])
     random, known = _unseen_ops(inside, device)
-    writes = sorted({t for t in inside if t.startswith(_WRITER_PREFIXES)})
+    writes = sorted({t for t in inside if WRITER.match(t)})
     if not (random or known or writes):
         return
     held = []
@@ -940,18 +941,6 @@ def _behind_data_functions(f: OpFinding, device: str) -> None:
         f.kind = "random"
 
 
-#: Op types that write a variable (as tracer.ops.WRITER matches them).
-_WRITER_PREFIXES = (
-    "ResourceApply",
-    "ResourceSparseApply",
-    "AssignVariableOp",
-    "AssignAddVariableOp",
-    "AssignSubVariableOp",
-    "ResourceScatter",
-    "ResourceStridedSliceAssign",
-)
-
-
 def not_compared(recordings: list[Recording]) -> list[str]:
     """What the runs could not compare (from their recorders): a verdict cannot be "ok"."""
     return sorted(
@@ -962,8 +951,6 @@ def not_compared(recordings: list[Recording]) -> list[str]:
             if w.startswith(NOT_COMPARED)
         }
     )
-
-
 
 
 def _other_threads(findings: list[OpFinding], recordings: list[Recording]) -> None:

@@ -81,6 +81,11 @@ STATE_FILLERS = re.compile(
 OPAQUE = ("uninstrumented", "xla")
 #: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
 NOT_COMPARED = "Not compared: "
+#: Op types that write a resource variable (input 0).
+WRITER = re.compile(
+    r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"
+    r"AssignSubVariableOp|ResourceScatter|ResourceStridedSliceAssign)"
+)
 #: OpInfo.attrs key of a dataset op, an iterator's read or an op that runs a dataset: the op
 #: types the tf.data functions behind it run (as ``tracer.opaque.ops_inside`` lists them),
 #: which nddebug does not record.

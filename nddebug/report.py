@@ -114,6 +114,8 @@ class Report:
         # "XLA off"), and, for the XLA-off report, the report of the step as compiled.
         self.program = ""
         self.as_compiled: Report | None = None
+        #: A rerun recording in which no op could be re-executed: nothing was compared.
+        self._nothing_rerun = False
         runs, capture_runs = recordings, self.captures
         if self.errors and len(runs) < 2:
             self.comparison = Comparison(0, 0, 0, [], [], [], [])
@@ -264,7 +266,7 @@ class Report:
         function called inside a graph but traced before the block; in rerun mode, ops it
         cannot re-execute that can differ by themselves): each keeps ``ok`` False."""
         blind = rerun_blind(self.recordings[0]) if self.mode == "rerun" and self.recordings else []
-        if getattr(self, "_nothing_rerun", False):
+        if self._nothing_rerun:
             missed = not_rerun(self.recordings[0])
             why = (
                 "; ".join(f"{', '.join(types)}: {reason}" for reason, types in missed.items())

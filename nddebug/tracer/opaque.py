@@ -56,13 +56,22 @@ def function_kind(name: str) -> str:
     return "uninstrumented"
 
 
-@functools.lru_cache(maxsize=1024)
 def ops_inside(name: str, graph: Any = None) -> tuple[str, ...]:
     """The op types a function runs, with those of the functions it calls (branches, loop
     bodies): what can be said of an opaque call without seeing it run. Stateful random ops
     are listed as ``<type>(random)`` or ``<type>(unseeded)``: seeded or not, they advance on
-    every call. ``graph``: the graph whose library holds the function (a tf.data function is
-    added to the context only when that graph's function is)."""
+    every call. ``graph``: the graph whose library holds the function (a tf.data function or
+    a loop body is added to the context only when that graph's function is); looked up
+    anew, so that no graph is kept alive by a cache."""
+    return _ops_inside(name, graph) if graph is not None else _ops_inside_cached(name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ops_inside_cached(name: str) -> tuple[str, ...]:
+    return _ops_inside(name, None)
+
+
+def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
     seen: set[str] = set()
     found: set[str] = set()
     todo = [name]
@@ -103,10 +112,9 @@ def _library_def(graph: Any, name: str) -> Any:
     return None
 
 
-#: Where a tf.data op keeps the functions it runs for its elements (map, filter, scan,
-#: reduce, group_by, window functions...): every attribute holding a function.
 def data_functions(attrs: Any) -> list[str]:
-    """The functions a tf.data op's attributes name."""
+    """The functions a tf.data op runs for its elements (map, filter, scan, reduce, group_by,
+    window functions...): every attribute holding one."""
     out = []
     for value in attrs.values():
         if value.HasField("func") and value.func.name:

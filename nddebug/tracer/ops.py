@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import CALL_OPS, RERUN_INNER, Recording
+from nddebug.recording import CALL_OPS, RERUN_INNER, WRITER, Recording
 from nddebug.replicas import COLLECTIVE_OP_TYPES
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
@@ -76,11 +76,8 @@ BYTE_MOVERS = frozenset(
 # returned (NumPy's random, the clock, a file) is compared through its outputs, so a call
 # that returns other values for the same inputs is the source.
 SKIP_OPS = {"NoOp"}
-# Ops that write a resource variable (input 0): the value written is read back and digested.
-WRITER = re.compile(
-    r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"
-    r"AssignSubVariableOp|ResourceScatter|ResourceStridedSliceAssign)"
-)
+# WRITER (recording.py): ops that write a resource variable (input 0); the value written is
+# read back and digested.
 FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
 # Ops that route a resource handle (TF1 control flow, identities): they hand the handle on and
 # neither read nor change the state behind it.
