@@ -572,7 +572,31 @@ def _conv_batch_norm_inference(train: bool) -> Callable[[], Workload]:
     return make
 
 
+def _batch_norm_residual_inference() -> Workload:
+    """A residual block at inference: Conv2D, FusedBatchNorm, the shortcut added, Relu. On the
+    GPU the remapper makes FusedBatchNorm + Add + Relu one kernel (_FusedBatchNormEx) only
+    where the batch norm's output and the sum have no other reader; a digest of either kept
+    it from happening, and the unfused kernels round otherwise (H100, 2026-11-27)."""
+    rng = np.random.RandomState(1)
+    x = tf.constant(rng.randn(8, 16, 16, 16).astype("float32"))
+    k = tf.Variable(rng.randn(3, 3, 16, 16).astype("float32") * 0.1)
+    mean = tf.constant(rng.randn(16).astype("float32"))
+    var = tf.constant(rng.rand(16).astype("float32") + 0.5)
+    gamma = tf.Variable(rng.rand(16).astype("float32") + 0.5)
+
+    @tf.function
+    def step():
+        y = tf.nn.conv2d(x, k, 1, "SAME")
+        out = tf.compat.v1.nn.fused_batch_norm(
+            y, gamma, tf.zeros([16]), mean, var, is_training=False
+        )
+        return tf.nn.relu(out[0] + x)
+
+    return step, (), [k, gamma]
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "batch_norm_residual_inference": _batch_norm_residual_inference,
     "silu_then_cond": _silu_then_cond,
     "conv_batch_norm_inference": _conv_batch_norm_inference(train=False),
     "frozen_batch_norm_fine_tuning": _conv_batch_norm_inference(train=True),
