@@ -326,3 +326,27 @@ def test_batch_norm_in_inference_stays_fusable_with_its_relu_and_shortcut(monkey
         if rec.ops[e.op_id].op_type == "Relu"
     )
     assert fused == [[], ["AddV2", "FusedBatchNormV3"], ["FusedBatchNormV3"]], fused
+
+
+def test_a_convolution_into_mish_stays_one_kernel_with_onednn(monkeypatch) -> None:
+    """With oneDNN a second remapper pass folds Mish (x * tanh(softplus(x))) into the
+    convolution and bias before it, only where the bias's output is read by the Mish alone:
+    plain TF ran one _FusedConv2D, traced a convolution and a separate _MklFusedMish."""
+    monkeypatch.setattr(rewrites, "_applies", lambda device: frozenset({"any", "cpu", "onednn"}))
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(2, 8, 8, 4).astype("float32"))
+    k = tf.constant(rng.randn(3, 3, 4, 8).astype("float32") * 0.3)
+    b = tf.Variable(rng.randn(8).astype("float32"))
+
+    @tf.function
+    def step(x):
+        y = tf.nn.bias_add(tf.nn.conv2d(x, k, 1, "SAME"), b)
+        return y * tf.tanh(tf.math.softplus(y))
+
+    with nddebug.trace() as rec:
+        graph = step.get_concrete_function(x).graph
+        step(x)
+    (bias_add,) = [op for op in graph.get_operations() if op.type == "BiasAdd"]
+    assert sorted(c.type for c in bias_add.outputs[0].consumers()) == ["Mul", "Softplus"]
+    (unit,) = [rec.ops[e.op_id] for e in rec.events if rec.ops[e.op_id].op_type == "Mul"]
+    assert set(unit.fused.values()) == {"Conv2D", "BiasAdd", "Softplus", "Tanh"}, unit.fused
