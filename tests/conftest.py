@@ -37,3 +37,16 @@ def cpu_facts() -> Iterator[None]:
 
     with on_cpu():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_global_seed() -> None:
+    """Each test starts as a fresh process does, with no TensorFlow global seed: one that an
+    earlier test set (``keras.utils.set_random_seed``) made a later test's unseeded
+    ``tf.random.uniform`` a seeded one, which repeats of a freshly traced step draw alike."""
+    from tensorflow.python.eager import context
+
+    if context.global_seed() is not None:
+        import tensorflow as tf
+
+        tf.random.set_seed(None)
