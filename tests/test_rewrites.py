@@ -350,3 +350,22 @@ def test_a_convolution_into_mish_stays_one_kernel_with_onednn(monkeypatch) -> No
     assert sorted(c.type for c in bias_add.outputs[0].consumers()) == ["Mul", "Softplus"]
     (unit,) = [rec.ops[e.op_id] for e in rec.events if rec.ops[e.op_id].op_type == "Mul"]
     assert set(unit.fused.values()) == {"Conv2D", "BiasAdd", "Softplus", "Tanh"}, unit.fused
+
+
+def test_hashed_integer_ids_keep_their_one_kernel() -> None:
+    """tf.strings.to_hash_bucket_fast(tf.strings.as_string(ids)) is one _TensorToHashBucketFast
+    kernel in plain TF only where the strings have no other reader: they are not digested."""
+
+    @tf.function
+    def step(ids):
+        return tf.strings.to_hash_bucket_fast(tf.strings.as_string(ids), 97)
+
+    ids = tf.constant(np.arange(50, dtype=np.int64) * 7919)
+    with nddebug.trace() as rec:
+        graph = step.get_concrete_function(ids).graph
+        hashed = step(ids)
+    assert hashed.numpy().tolist() == step(ids).numpy().tolist()
+    (as_string,) = [op for op in graph.get_operations() if op.type == "AsString"]
+    assert [c.type for c in as_string.outputs[0].consumers()] == ["StringToHashBucketFast"]
+    (unit,) = [rec.ops[e.op_id] for e in rec.events if "Hash" in rec.ops[e.op_id].op_type]
+    assert list(unit.fused.values()) == ["AsString"]
