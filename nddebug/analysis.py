@@ -552,6 +552,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
                 "on is not seen"
             )
     _other_threads(findings, recordings)
+    _seed_state_reads(findings)
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -1067,6 +1068,34 @@ def _maybe_unordered(f: OpFinding, others: int, restored: set[str]) -> None:
         )
     else:
         f.explanation += f"; or {race}"
+
+
+def _seed_state_reads(findings: list[OpFinding]) -> None:
+    """A source that reads a variable holding a random seed's state (an int64 pair, a Keras
+    SeedGenerator's [seed, counter], drawn from by stateless random ops that differ too) is
+    a random source: a SeedGenerator made without a seed takes a random one in each process,
+    and across processes (nddebug run) every augmentation layer's read was blamed on "state
+    carried over", with the advice to pass state= to check()."""
+    if not any(f.op.op_type.startswith("StatelessRandom") for f in findings):
+        return
+    for f in findings:
+        op = f.op
+        if (
+            f.role == "source"
+            and f.kind == "other"
+            and op.op_type == "ReadVariableOp"
+            and op.dtypes == ["int64"]
+            and op.shapes == [[2]]
+        ):
+            f.kind = "random"
+            f.explanation = (
+                "reads a random seed's state (an int64 pair, as a Keras SeedGenerator keeps "
+                "[seed, counter]; the stateless random ops drawn from it differ too) that "
+                "already held a different value: a SeedGenerator made without a seed (a "
+                "random layer or keras.random call given no seed=, with no "
+                "keras.utils.set_random_seed before the model was built) takes a random "
+                "one in each process; within one process, the step advances it"
+            )
 
 
 def _explain(f: OpFinding, device: str = "") -> None:

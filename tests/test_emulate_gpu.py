@@ -531,3 +531,19 @@ def test_new_gpu_culprits_are_emulated() -> None:
     for out in outs:
         _close([out], [want])
     assert len({o.tobytes() for o in outs}) >= 2
+
+
+def test_the_emulations_own_masks_are_no_random_op_of_the_loop() -> None:
+    """An emulated op inside a while loop's body: its random mask (nddebug's) was listed as a
+    RandomUniform in the loop, a risk of parallel iterations in a program with no random op."""
+    seg = tf.constant([0, 1, 2, 3])
+
+    @tf.function
+    def step(x):
+        def body(i, h):
+            return i + 1, h + 0.1 * tf.math.unsorted_segment_sum(h, seg, 4)
+
+        return tf.while_loop(lambda i, h: i < 5, body, [0, x])[1]
+
+    report = nddebug.check(step, tf.ones((4, 3)), repeats=3, emulate_gpu=True)
+    assert report.summary["risks"] == ["UnsortedSegmentSum"], str(report)

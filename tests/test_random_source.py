@@ -99,3 +99,39 @@ def test_a_loop_around_the_random_op_is_not_a_second_source() -> None:
     assert len(loop) == 1 and loop.iloc[0]["role"] == "propagated", str(report)
     assert "returns what the ops inside it computed" in loop.iloc[0]["explanation"]
     assert loop.iloc[0]["kind"] == "random"
+
+
+def test_seeded_noise_in_a_function_check_cannot_retrace_is_said_for_what_it_is() -> None:
+    """A plain Python step calling a tf.function with a seeded tf.random.uniform: check()
+    cannot trace that function afresh per repeat, so its draws move on and differ. The report
+    says why (the kernel's place in its seeded stream) and what to pass instead, and does not
+    claim the repeats ran fresh copies."""
+    tf.random.set_seed(0)
+
+    @tf.function
+    def noisy(x):
+        return x + tf.random.uniform([16])
+
+    report = nddebug.check(lambda x: noisy(x), tf.zeros([16]), repeats=3)
+    assert list(report.sources["op_type"]) == ["RandomUniform"], str(report)
+    assert any("could not trace afresh" in w for w in report.warnings), report.warnings
+    assert not any("ran a freshly traced copy" in w for w in report.warnings)
+    # Passed itself, it is traced afresh for each repeat, and its seeded draws agree.
+    assert nddebug.check(noisy, tf.zeros([16]), repeats=3).ok
+
+
+def test_a_keras_seed_generators_state_read_is_a_random_source() -> None:
+    """A Keras random layer with no seed keeps an int64 [seed, counter] state that its
+    stateless random ops draw from. Where that state differs (a SeedGenerator made without a
+    seed, in another process; advanced by the step, without state=), its reads are random
+    sources, with the advice to seed, not "state carried over" alone."""
+    model = keras.Sequential([keras.Input((8,)), keras.layers.GaussianNoise(0.1)])
+    model.add(keras.layers.Dense(2))
+    model.compile("sgd", "mse")
+    x, y = np.ones((16, 8), np.float32), np.zeros((16, 2), np.float32)
+    report = nddebug.check(model.train_on_batch, x, y, repeats=2)  # no state=: it moves on
+    noise = report.sources[report.sources["op_name"].str.contains("gaussian_noise")]
+    assert len(noise) >= 1 and set(noise["kind"]) == {"random"}, str(report)
+    assert all("seed" in fix.lower() for fix in noise["fix"])
+    dense = report.sources[report.sources["op_name"].str.contains("dense")]
+    assert set(dense["kind"]) == {"other"}, str(report)  # weights: not a seed's state

@@ -1721,3 +1721,24 @@ def test_random_ops_shared_by_loop_iterations_side_by_side_are_a_risk(parallel) 
     assert not report.ok and report.verdict.startswith("NOT shown reproducible"), str(report)
     assert list(loop.op_type) == ["RandomUniform"], report.risks
     assert "parallel_iterations=1" in loop.iloc[0].fix
+
+
+def test_autoregressive_draws_in_a_loop_are_no_race() -> None:
+    """Each iteration's tf.random.categorical reads the token the last one drew: the draws
+    cannot reach the kernel side by side, fresh processes sample the same, and the loop was
+    'NOT shown reproducible' (a risk of parallel iterations) all the same."""
+    tf.random.set_seed(0)
+    emb = tf.Variable(np.random.RandomState(0).randn(10, 10).astype("float32"))
+
+    @tf.function
+    def sample(tok):
+        ta = tf.TensorArray(tf.int32, size=16)
+
+        def body(i, tok, ta):
+            nxt = tf.cast(tf.random.categorical(tf.gather(emb, tok), 1, seed=1)[:, 0], tf.int32)
+            return i + 1, nxt, ta.write(i, nxt)
+
+        return tf.while_loop(lambda i, *a: i < 16, body, [0, tok, ta])[2].stack()
+
+    report = nddebug.check(sample, tf.constant([1, 2, 3]), repeats=3, state=emb)
+    assert report.ok and not report.summary["risks"], str(report)

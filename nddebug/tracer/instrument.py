@@ -1300,7 +1300,65 @@ def _parallel_random(graph: Any, op: Any) -> list[str]:
         return []
     body = attr["body"].func.name if "body" in attr else ""
     inside = opaque.ops_inside(body, graph) if body else ()
-    return sorted({t.split("(")[0] for t in inside if t.endswith(("(unseeded)", "(random)"))})
+    found = sorted({t.split("(")[0] for t in inside if t.endswith(("(unseeded)", "(random)"))})
+    return found if found and not _draws_chained(graph, body) else []
+
+
+def _draws_chained(graph: Any, body: str) -> bool:
+    """Whether every stateful random op of a loop body needs, through a loop variable, what
+    its own previous iteration drew (autoregressive sampling: the next token's logits come
+    from the last sample), so that its iterations cannot reach it side by side. Only random
+    ops at the body's top level are followed: one inside a branch or call counts as not
+    chained."""
+    fdef = opaque.function_def(body, graph)
+    if fdef is None:
+        return False
+    args = [a.name for a in fdef.signature.input_arg]
+    inputs: dict[str, list[str]] = {}
+    random_nodes: list[str] = []
+    for node in fdef.node_def:
+        if unneeded.made_by_nddebug(node.name):
+            continue
+        inputs[node.name] = [x.lstrip("^").split(":")[0] for x in node.input]
+        if node.op in opaque.RANDOM_OPS:
+            random_nodes.append(node.name)
+    if not random_nodes or any(
+        t.endswith(("(unseeded)", "(random)")) for t in _nested_random(fdef, graph)
+    ):
+        return False
+
+    def ancestors(start: list[str]) -> set[str]:
+        seen: set[str] = set()
+        todo = list(start)
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            todo += inputs.get(name, [])
+        return seen
+
+    outputs = [fdef.ret[o.name].split(":")[0] for o in fdef.signature.output_arg]
+    for r in random_nodes:
+        needs = ancestors(inputs[r])
+        if not any(
+            arg in needs and j < len(outputs) and r in ancestors([outputs[j]])
+            for j, arg in enumerate(args)
+        ):
+            return False
+    return True
+
+
+def _nested_random(fdef: Any, graph: Any) -> tuple[str, ...]:
+    """The random ops of the functions a body calls (branches, calls), not of the body."""
+    found: list[str] = []
+    for node in fdef.node_def:
+        for value in node.attr.values():
+            names = [value.func.name] if value.HasField("func") else []
+            names += [f.name for f in value.list.func] if value.HasField("list") else []
+            for name in names:
+                found += opaque.ops_inside(name, graph)
+    return tuple(found)
 
 
 def _note_xla(rec: Any, graph: Any) -> None:

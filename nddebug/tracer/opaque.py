@@ -17,11 +17,11 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug.recording import NOT_COMPARED, XLA_NOTE
-from nddebug.tracer import ops, optimized_sums, plain
+from nddebug.tracer import ops, optimized_sums, plain, unneeded
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
 # Stateful random op types: a function holding one with no seed differs call to call.
-_RANDOM_OPS = (
+RANDOM_OPS = (
     "RandomUniform",
     "RandomUniformInt",
     "RandomStandardNormal",
@@ -80,12 +80,14 @@ def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
         if fname in seen:
             continue
         seen.add(fname)
-        fdef = _library_def(graph, fname) or _function_def(fname)
+        fdef = function_def(fname, graph)
         if fdef is None:
             continue
         for node in fdef.node_def:
             op = node.op
-            if op in _RANDOM_OPS:
+            if unneeded.made_by_nddebug(node.name):
+                continue  # its digests, records and emulate_gpu()'s random masks
+            if op in RANDOM_OPS:
                 seeded = node.attr["seed"].i or node.attr["seed2"].i
                 found.add(f"{op}(random)" if seeded else f"{op}(unseeded)")
             else:
@@ -97,6 +99,12 @@ def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
                 todo += [value.func.name] if value.func.name else []
                 todo += [f.name for f in value.list.func]
     return tuple(sorted(found))
+
+
+def function_def(name: str, graph: Any = None) -> Any:
+    """``name``'s FunctionDef, from ``graph``'s library (or an outer graph's) or the context;
+    None where neither has it."""
+    return _library_def(graph, name) or _function_def(name)
 
 
 def _library_def(graph: Any, name: str) -> Any:

@@ -44,8 +44,6 @@ from nddebug.tracer.registry import REGISTRY
 
 #: What a twin's name ends with (TensorFlow function names allow letters, digits and _).
 SUFFIX = "_nddebug_plain"
-#: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate).
-_EMULATION = "/emulate_gpu/"
 #: Stateful op types of nddebug's name scope that may go when nothing reads them.
 _READS = frozenset({"VarHandleOp", "ReadVariableOp"})
 #: Stateful ops that take no resource and keep no state in their kernel from one execution
@@ -357,7 +355,7 @@ def _kernel_state(ctx: Any, fdef: Any, seen: set[str]) -> str | None:
     kernel may keep state from one execution to the next; None where there is none."""
     seen.add(fdef.signature.name)
     for node in fdef.node_def:
-        if _ours(node) or _EMULATION in node.name:
+        if _ours(node) or unneeded.EMULATION_SCOPE in node.name:
             continue  # emulate_gpu's random masks: used only while its switch is on
         callees = [v.func.name for v in node.attr.values() if v.HasField("func")]
         callees += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]

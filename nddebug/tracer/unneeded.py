@@ -35,6 +35,16 @@ def is_ours_name(name: str) -> bool:
     return bool(_OURS_SCOPE.search(name))
 
 
+#: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate): its random masks run
+#: only while its switch is on, and are no op of the user's.
+EMULATION_SCOPE = "/emulate_gpu/"
+
+
+def made_by_nddebug(name: str) -> bool:
+    """Whether a node of that name is nddebug's: a digest, a record, an emulation's mask."""
+    return EMULATION_SCOPE in name or is_ours_name(name)
+
+
 def ours(op: Any) -> bool:
     """Whether nddebug made this op (digests, records, the trace switch's read). In its name
     scope, a stateful op is nddebug's only where it is one of nddebug's kinds (a host callback
