@@ -535,7 +535,9 @@ STUCK_KERNELS_NOTE = (
     "not non-determinism (fresh processes draw the same). They run in a function check() "
     "could not trace afresh for each repeat (a tf.function traced before the check and "
     "called from the step, or one loaded from a SavedModel): pass that tf.function itself "
-    "to check(), or draw with stateless random ops or a tf.random.Generator in state=."
+    "to check(), or draw with stateless random ops or a tf.random.Generator in state=. Its "
+    "kernels may keep the place check()'s runs left them at, so the steps after check() can "
+    "draw further on in those streams than they would have without it."
 )
 
 
