@@ -351,8 +351,6 @@ def check(
         # their streams where a fresh process's first step does.
         seeded = _seeded_kernels(warm) if mode == "repeat" else []
         kernels = seeded if can_retrace else []
-        if kernels:
-            warnings.append(SEEDED_KERNELS_NOTE.format(ops=", ".join(kernels)))
         kept = RepeatStore(MAX_DISTINCT_REPEATS)
         for i in range(repeats if mode == "repeat" else 0):
             rec = one_run(retrace() if kernels else step, f"repeat {i}")
@@ -376,16 +374,19 @@ def check(
                 for rec in runs:
                     rec.warnings.append(note)
                 report = Report(runs, mode=mode)
+        # Still sources: they sit in a function retrace() does not remake.
         stuck = sorted(
             {f.op.op_type for f in report.comparison.findings if f.role == "source"} & set(seeded)
         )
-        if stuck:
-            # Not made fresh: they sit in a function retrace() does not remake.
-            say = STUCK_KERNELS_NOTE.format(ops=", ".join(stuck))
+        if stuck or kernels:
+            say = (
+                STUCK_KERNELS_NOTE.format(ops=", ".join(stuck))
+                if stuck
+                else SEEDED_KERNELS_NOTE.format(ops=", ".join(kernels))
+            )
+            warnings.append(say)
             for rec in runs:
-                rec.warnings[:] = [w for w in rec.warnings if not w.startswith(SEEDED_PREFIX)]
                 rec.warnings.append(say)
-            warnings[:] = [w for w in warnings if not w.startswith(SEEDED_PREFIX)] + [say]
             report = Report(runs, mode=mode)
         if moved:
             warnings.append(moved)
@@ -527,7 +528,6 @@ SEEDED_KERNELS_NOTE = (
 )
 
 
-SEEDED_PREFIX = SEEDED_KERNELS_NOTE.split("(")[0]
 #: Said when seeded legacy random ops still differed: check() could not trace them afresh.
 STUCK_KERNELS_NOTE = (
     "The seeded legacy random ops {ops} differed from repeat to repeat because each keeps its "
