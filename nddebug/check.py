@@ -248,6 +248,7 @@ def check(
     ``advance=False`` the state is left as before the check instead.
     """
     from nddebug.tracer import Recorder, trace
+    from nddebug.tracer.fresh import FreshCopies
 
     if mode not in ("repeat", "rerun"):
         raise ValueError(f"mode must be 'repeat' or 'rerun', got {mode!r}")
@@ -274,6 +275,7 @@ def check(
     before = keeper.snapshot()
     streams = st.RandomStreams()
     streams.set_apart()
+    fresh_kernels: set[str] = set()  # the seeded legacy random ops that drew from fresh kernels
 
     def one_run(
         step: Callable[..., Any],
@@ -285,15 +287,23 @@ def check(
         if seed is not None:
             st.set_seeds(seed)
         k_here = confirm if rerun_only is not None else k
-        with keeper.watch_creation(), trace(label=label, rerun=k_here, record_env=False) as rec:
-            assert Recorder.active is not None
-            Recorder.active.rerun_only = rerun_only
-            if capture is not None:
-                Recorder.active.capture = capture
-            returned = step(*args, **kwargs)
-            assert Recorder.active is not None
-            Recorder.active.record_return(returned)
-            Recorder.active.record_variables(keeper.variables + keeper.table_states())
+        # Seeded legacy random ops draw from fresh kernels in every run (tracer.fresh): the
+        # runs compare the same draws, and the user's own kernels are left to the last step.
+        copies = FreshCopies()
+        try:
+            with keeper.watch_creation(), trace(label=label, rerun=k_here, record_env=False) as rec:
+                assert Recorder.active is not None
+                Recorder.active.rerun_only = rerun_only
+                Recorder.active.fresh = copies
+                if capture is not None:
+                    Recorder.active.capture = capture
+                returned = step(*args, **kwargs)
+                assert Recorder.active is not None
+                Recorder.active.record_return(returned)
+                Recorder.active.record_variables(keeper.variables + keeper.table_states())
+        finally:
+            fresh_kernels.update(copies.op_types)
+            copies.release()
         if capture is not None:
             rec.kind = "capture"
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)
@@ -344,16 +354,10 @@ def check(
             runs.append(warm)
             if path is not None:
                 warm.save(path)
-        # Seeded legacy random ops keep their place in their stream in their kernels, which
-        # live as long as the traced function: run on one function, every repeat drew the
-        # next numbers (a verdict of "NOT reproducible" on steps that fresh processes repeat
-        # bit for bit). Each repeat then runs a freshly traced copy, whose kernels start
-        # their streams where a fresh process's first step does.
         seeded = _seeded_kernels(warm) if mode == "repeat" else []
-        kernels = seeded if can_retrace else []
         kept = RepeatStore(MAX_DISTINCT_REPEATS)
         for i in range(repeats if mode == "repeat" else 0):
-            rec = one_run(retrace() if kernels else step, f"repeat {i}")
+            rec = one_run(step, f"repeat {i}")
             if path is not None:
                 rec.save(path)
             kept.add(rec)
@@ -374,15 +378,15 @@ def check(
                 for rec in runs:
                     rec.warnings.append(note)
                 report = Report(runs, mode=mode)
-        # Still sources: they sit in a function retrace() does not remake.
+        # Still sources: they drew where check() could not give them fresh kernels.
         stuck = sorted(
             {f.op.op_type for f in report.comparison.findings if f.role == "source"} & set(seeded)
         )
-        if stuck or kernels:
+        if stuck or fresh_kernels:
             say = (
                 STUCK_KERNELS_NOTE.format(ops=", ".join(stuck))
                 if stuck
-                else SEEDED_KERNELS_NOTE.format(ops=", ".join(kernels))
+                else SEEDED_KERNELS_NOTE.format(ops=", ".join(sorted(fresh_kernels)))
             )
             warnings.append(say)
             for rec in runs:
@@ -401,7 +405,7 @@ def check(
             sources = {f.key for f in report.comparison.findings if f.role == "source"}
             captures: list[Recording] = []
             for j in range(MAX_CAPTURES):
-                captures.append(one_run(retrace() if kernels else step, f"capture {j}", keys))
+                captures.append(one_run(step, f"capture {j}", keys))
                 if path is not None:
                     captures[-1].save(path)
                 if j >= 1 and not _not_yet_measured(sources, captures):
@@ -416,13 +420,7 @@ def check(
             report.set_confirmations(confirmations(rec, hidden))
         return report
 
-    from tensorflow.python.eager.polymorphic_function import polymorphic_function
-
     from nddebug.emulate import emulate_gpu as emulation
-
-    # Whether retrace() makes the step's functions afresh: a tf.function is copied, a
-    # model's train/test/predict functions are rebuilt; other callables run as they are.
-    can_retrace = isinstance(fn, polymorphic_function.Function) or bool(models)
 
     try:
         with emulation() if emulate_gpu else contextlib.nullcontext():
@@ -517,27 +515,30 @@ def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
     return out
 
 
-#: Said when check() ran each repeat on a freshly traced copy of the step (see _seeded_kernels).
+#: Said when check()'s runs called fresh copies of the functions holding seeded legacy random
+#: ops (see tracer.fresh).
 SEEDED_KERNELS_NOTE = (
     "The step runs seeded legacy random ops ({ops}) in its functions. Each keeps its place in "
-    "its seeded stream inside its kernel, which lives as long as the traced function and "
-    "which no state= can restore: each call of one function draws the next numbers. So each "
-    "repeat ran a freshly traced copy of the step, and their draws were compared from the "
-    "start of their streams, where a fresh process's first step starts (a later step draws "
-    "further on in the same streams)."
+    "its seeded stream inside its kernel, which lives as long as the function and which no "
+    "state= can restore: each call of one function draws the next numbers. So each of "
+    "check()'s runs called fresh copies of those functions, and their draws were compared "
+    "from the start of their streams, where a fresh process's first step starts (a later "
+    "step draws further on in the same streams). Your own functions' kernels were left where "
+    "they were, for the ordinary step that ends the check."
 )
 
 
-#: Said when seeded legacy random ops still differed: check() could not trace them afresh.
+#: Said when seeded legacy random ops still differed: check() could not give them fresh
+#: kernels.
 STUCK_KERNELS_NOTE = (
-    "The seeded legacy random ops {ops} differed from repeat to repeat because each keeps its "
+    "The seeded legacy random ops {ops} differed from run to run because each keeps its "
     "place in its seeded stream inside its kernel: each call draws the next numbers, which is "
-    "not non-determinism (fresh processes draw the same). They run in a function check() "
-    "could not trace afresh for each repeat (a tf.function traced before the check and "
-    "called from the step, or one loaded from a SavedModel): pass that tf.function itself "
-    "to check(), or draw with stateless random ops or a tf.random.Generator in state=. Its "
-    "kernels may keep the place check()'s runs left them at, so the steps after check() can "
-    "draw further on in those streams than they would have without it."
+    "not non-determinism (fresh processes draw the same). check() gives them fresh kernels "
+    "only in functions it calls from the step's own thread (not eager ops, not an "
+    "XLA-compiled function, not another thread's calls): draw with stateless random ops or a "
+    "tf.random.Generator in state= to compare them. Their kernels keep the place check()'s "
+    "runs left them at, so the steps after check() draw further on in those streams than "
+    "they would have without it."
 )
 
 

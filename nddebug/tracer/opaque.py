@@ -370,13 +370,17 @@ class PreCallHook:
     def call(self, original: Any, ctx: Any, name: Any, tensor_inputs: Any, n: int) -> Any:
         """One eager function call while this hook's recorder is active."""
         rec = self.recorder
+        called = name
 
         def run() -> Any:
-            return original(ctx, name, tensor_inputs, n)
+            return original(ctx, called, tensor_inputs, n)
 
         if threading.get_ident() != rec.thread:
             # Another thread's call: not this block's, and kept out of it.
             return rec.foreign_call(run, ops.as_str(name))
+        if rec.fresh is not None and not busy():
+            # check()'s run: seeded legacy random ops draw from fresh kernels (tracer.fresh).
+            called = rec.fresh.name_for(ctx, name)
         if not busy():
             fname = ops.as_str(name)
             if function_kind(fname) == "instrumented":

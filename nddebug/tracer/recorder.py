@@ -13,7 +13,18 @@ from nddebug import digest as dg
 from nddebug import native
 from nddebug.errors import TraceError
 from nddebug.recording import NOT_COMPARED, Event, OpInfo, Recording
-from nddebug.tracer import calls, eager, instrument, opaque, ops, plain, rerun, session, transport
+from nddebug.tracer import (
+    calls,
+    eager,
+    fresh,
+    instrument,
+    opaque,
+    ops,
+    plain,
+    rerun,
+    session,
+    transport,
+)
 from nddebug.tracer.fairlock import FairRLock
 from nddebug.tracer.location import hook_autograph, library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
@@ -68,6 +79,9 @@ class Recorder:
         # With rerun: the only op keys (without their "#n" suffix) that are re-executed; None
         # for all (check() confirms a suspect op this way, the rest of the step runs as usual).
         self.rerun_only: set[str] | None = None
+        # check()'s runs: this thread's eager calls of functions holding seeded legacy random
+        # ops go to fresh copies of them (see tracer.fresh); None: to the functions called.
+        self.fresh: fresh.FreshCopies | None = None
         # Opaque calls' variables are read before each call by this hook.
         self.pre_call = opaque.PreCallHook(self)
         # TF1 graphs: each Session.run instruments and records the ops it executes.
@@ -278,7 +292,7 @@ class Recorder:
             elif graph is not None:
                 instrument.note_seen(graph, op_name)  # nddebug's own: never caught up
             return _handed_on(outputs)
-        op_type = ops.as_str(op_type)
+        op_type = fresh.original(ops.as_str(op_type))  # a copy's call is its original's
         with inside_nddebug():
             try:
                 if graph is None:
