@@ -29,6 +29,7 @@ from nddebug.recording import (
     OTHER_THREADS,
     PIPELINE_OPS,
     PIPELINE_READERS,
+    RANDOM_OPS,
     RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
@@ -553,6 +554,7 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
     _other_threads(findings, recordings)
     _seed_state_reads(findings)
+    _seeded_streams(findings)
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -1095,6 +1097,31 @@ def _seed_state_reads(findings: list[OpFinding]) -> None:
                 "random layer or keras.random call given no seed=, with no "
                 "keras.utils.set_random_seed before the model was built) takes a random "
                 "one in each process; within one process, the step advances it"
+            )
+
+
+def _seeded_streams(findings: list[OpFinding]) -> None:
+    """An eager legacy random op with a seed (``tf.random.uniform(shape, seed=5)``) that
+    differs from identical inputs has drawn further on in its seeded stream: TensorFlow keeps
+    one kernel per seed for the process, and each call draws the next numbers, while a fresh
+    process draws the same ones again. That is not non-determinism, and "seed it" was wrong
+    advice; check() gives fresh kernels to such ops inside the functions it calls
+    (tracer.fresh), not to eager ones. (Inside a graph, a seeded op can also differ because a
+    loop's iterations race for its kernel: those stay random sources.)"""
+    for f in findings:
+        op = f.op
+        if (
+            f.role == "source"
+            and not op.graph
+            and op.op_type in RANDOM_OPS
+            and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
+        ):
+            f.kind = "seeded stream"
+            f.explanation = (
+                "a seeded random op drew further on in its stream: its kernel, kept by "
+                "TensorFlow for the process, gives the next numbers at each call, so the runs "
+                "drew different ones while fresh processes draw the same; not "
+                "non-determinism, but what it feeds could not be compared"
             )
 
 

@@ -544,8 +544,8 @@ STUCK_KERNELS_NOTE = (
 
 def _seeded_kernels(rec: Recording) -> list[str]:
     """The op types of the seeded legacy random ops (``tf.random.uniform``,
-    ``tf.image.random_*`` with a global or op seed) that ``rec`` ran inside functions. Their
-    kernels keep their generators' positions between calls (TensorFlow resets them only
+    ``tf.image.random_*`` with a global or op seed) that ``rec`` ran. Their kernels keep
+    their generators' positions between calls (TensorFlow resets them only
     when ``tf.random.set_seed`` clears every kernel, the user's too), so two calls of one
     traced function draw different numbers by design; two fresh traces draw the same. An
     unseeded one (seed and seed2 both 0) seeds itself at random: it is not listed."""
@@ -555,8 +555,7 @@ def _seeded_kernels(rec: Recording) -> list[str]:
         {
             op.op_type
             for op in rec.ops.values()
-            if op.graph
-            and op.op_type in LEGACY_RANDOM_OPS
+            if op.op_type in LEGACY_RANDOM_OPS
             and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
         }
     )

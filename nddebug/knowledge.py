@@ -46,6 +46,7 @@ KINDS = (
     "collective",
     "race",
     "unordered updates",
+    "seeded stream",
 )
 #: Kinds of sources that are not one op: calls nddebug cannot see inside, and work that other
 #: threads did. [advice] has a text for each, besides the culprit kinds.

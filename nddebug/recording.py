@@ -120,6 +120,21 @@ XLA_NOTE = (
 TF1_GRAPH = "tf.compat.v1 graph"
 
 
+#: Stateful random op types (the legacy ones, with their seed and seed2 attributes): each
+#: kernel keeps its place in its stream, so a call draws the next numbers; with seed and
+#: seed2 both 0 it seeds itself at random.
+RANDOM_OPS = (
+    "RandomUniform",
+    "RandomUniformInt",
+    "RandomStandardNormal",
+    "TruncatedNormal",
+    "RandomShuffle",
+    "RandomGamma",
+    "RandomPoissonV2",
+    "Multinomial",
+)
+
+
 @dataclass
 class OpInfo:
     """A traced op: one per eager op execution site or graph node (static facts)."""

@@ -293,10 +293,15 @@ class Report:
         c = self.comparison
         if self.errors:
             return "NOT checked"
-        if c.findings or c.paths or self._compiled_differs():
+        sources = [f for f in c.findings if f.role == "source"]
+        streams_only = bool(sources) and all(f.kind == "seeded stream" for f in sources)
+        if (c.findings and not streams_only) or c.paths or self._compiled_differs():
             return "NOT reproducible"
         if self._risks(applies=True) or self._compiled_risky():
             return "NOT shown reproducible: a known non-deterministic op ran"
+        if streams_only:
+            # Not non-determinism (analysis._seeded_streams), but nothing it fed was compared.
+            return "NOT compared: seeded random ops drew further on in their streams"
         if any(r.status == "interrupted" for r in self._compared_runs()):
             return "no difference seen, but not everything compared"
         return "reproducible" if self.ok else "no difference seen, but not everything compared"
@@ -468,8 +473,8 @@ def _row(f: Any) -> dict[str, Any]:
     if f.role == "propagated":
         known = c.mechanism if c else ""
         fix = "Fix the source op(s) above; this op only carries their difference."
-    elif f.kind == "other threads":
-        known = "not in the known list"
+    elif f.kind in ("other threads", "seeded stream"):
+        known = c.mechanism if c and f.kind == "seeded stream" else "not in the known list"
         fix = knowledge.advice(f.kind)
     elif f.entered:
         known = "not in the known list"

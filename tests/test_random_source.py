@@ -199,3 +199,32 @@ def test_fresh_copies_keep_emulate_gpus_masks_random() -> None:
     assert "UnsortedSegmentSum" in set(report.sources["op_type"]), str(report)
     assert "RandomUniform" not in set(report.sources["op_type"]), str(report)
     assert any("seeded legacy random ops (RandomUniform)" in w for w in report.warnings)
+
+
+def test_an_eager_op_with_its_own_seed_is_a_seeded_stream_not_non_determinism() -> None:
+    """tf.random.uniform(shape, seed=5) run eagerly: TensorFlow keeps its kernel for the
+    process, so each run of check() drew the next numbers. It was "NOT reproducible" with the
+    advice to seed the op, though fresh processes agree bit for bit. It is now of kind
+    "seeded stream", the verdict says what was not compared, and the fix says what to do."""
+    tf.random.set_seed(0)
+    w = tf.Variable(tf.zeros([16]))
+
+    def step() -> None:
+        w.assign_add(tf.random.uniform([16], seed=5))
+
+    report = nddebug.check(step, state=w, repeats=3)
+    assert report.verdict == "NOT compared: seeded random ops drew further on in their streams"
+    assert not report.ok
+    row = report.sources.iloc[0]
+    assert row["op_type"] == "RandomUniform" and row["kind"] == "seeded stream", str(report)
+    assert row["fix"].startswith("Not non-determinism"), row["fix"]
+    assert any("seeded legacy random ops RandomUniform differed" in w for w in report.warnings)
+    # Unseeded (no global seed, no op seed): a random source, NOT reproducible.
+    tf.random.set_seed(None)
+
+    def unseeded() -> None:
+        w.assign_add(tf.random.uniform([16]))
+
+    report = nddebug.check(unseeded, state=w, repeats=3)
+    assert report.verdict == "NOT reproducible"
+    assert list(report.sources["kind"]) == ["random"], str(report)

@@ -16,21 +16,10 @@ import threading
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import NOT_COMPARED, XLA_NOTE
+from nddebug.recording import NOT_COMPARED, RANDOM_OPS, XLA_NOTE
 from nddebug.tracer import ops, optimized_sums, plain, unneeded
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
-# Stateful random op types: a function holding one with no seed differs call to call.
-RANDOM_OPS = (
-    "RandomUniform",
-    "RandomUniformInt",
-    "RandomStandardNormal",
-    "TruncatedNormal",
-    "RandomShuffle",
-    "RandomGamma",
-    "RandomPoissonV2",
-    "Multinomial",
-)
 _NESTED_ATTRS = ("f", "then_branch", "else_branch", "body", "cond", "branches")
 
 
