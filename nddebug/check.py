@@ -114,11 +114,28 @@ def _iterator_note(report: Report, carried: dict[str, str], passed: bool) -> str
     )
 
 
-def _fresh(fn: Callable[..., Any], warnings: list[str]) -> Callable[..., Any]:
-    """A tf.function traced before check() runs an uninstrumented graph: retrace a copy."""
+def _fresh(
+    fn: Callable[..., Any], warnings: list[str], args: Any = (), kwargs: Any = None
+) -> Callable[..., Any]:
+    """A tf.function traced before check() runs an uninstrumented graph: retrace a copy.
+
+    Not a function restored from a SavedModel: its Python function only calls the restored
+    graphs, so a copy traced in the block held one call op, which TensorFlow runs inside the
+    graph without telling nddebug, and what the call wrote to its variables went uncompared
+    (check(loaded.serve) was never "reproducible"). It is traced for ``args`` here, outside
+    any block, as its first plain call would trace it: each call in the runs is then an eager
+    call of the restored graph, compared at its boundary (its inputs, outputs and the
+    variables it captures)."""
     import tensorflow as tf
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tensorflow.python.saved_model.function_deserialization import RestoredFunction
 
+    if isinstance(fn, RestoredFunction):
+        try:
+            fn.get_concrete_function(*args, **(kwargs or {}))
+        except Exception:  # noqa: BLE001 - no match for these arguments: the call will say
+            pass
+        return fn
     if not isinstance(fn, polymorphic_function.Function):
         return fn
     jit = getattr(fn, "_jit_compile", None)
@@ -438,9 +455,9 @@ def check(
                         # Retrace, so that the graphs hand the chosen outputs' values to the
                         # host.
                         st.reset_keras_functions(models)
-                        return _fresh(fn, [])
+                        return _fresh(fn, [], args, kwargs)
 
-                    report = compared(_fresh(fn, warnings), retrace)
+                    report = compared(_fresh(fn, warnings, args, kwargs), retrace)
                 if as_compiled is not None:
                     report.program = "XLA off"
                     report.as_compiled = as_compiled

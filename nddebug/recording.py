@@ -120,6 +120,13 @@ XLA_NOTE = (
 TF1_GRAPH = "tf.compat.v1 graph"
 
 
+def restored_function(name: str) -> bool:
+    """Whether a called function is the wrapper TensorFlow traces around the graphs of a
+    function restored from a SavedModel (``restored_function_body``): nddebug has no Python
+    code of it to retrace."""
+    return re.fullmatch(r"__inference_restored_function_body_\d+", name) is not None
+
+
 #: Stateful random op types (the legacy ones, with their seed and seed2 attributes): each
 #: kernel keeps its place in its stream, so a call draws the next numbers; with seed and
 #: seed2 both 0 it seeds itself at random.

@@ -22,7 +22,7 @@ from nddebug.analysis import (
     unit_values,
 )
 from nddebug.errors import NotComparableError
-from nddebug.recording import OPAQUE, Recording
+from nddebug.recording import OPAQUE, Recording, restored_function
 from nddebug.risks import (
     Risk,
     describe_bound,
@@ -491,6 +491,9 @@ def _row(f: Any) -> dict[str, Any]:
                 " The random op runs inside an XLA-compiled function: nddebug.check() checks the "
                 "step with XLA off to name it."
                 if op.function == "xla"
+                else " It runs inside a function restored from a SavedModel: check the code the "
+                "SavedModel was made from to name it."
+                if restored_function(op.op_type)
                 else " " + knowledge.advice("uninstrumented function")
             )
     elif op.op_type == "Step":

@@ -13,7 +13,15 @@ import numpy as np
 
 from nddebug import digest as dg
 from nddebug import native
-from nddebug.recording import NOT_COMPARED, OPAQUE, STATE_READERS, UPDATE_NOTE, Event, OpInfo
+from nddebug.recording import (
+    NOT_COMPARED,
+    OPAQUE,
+    STATE_READERS,
+    UPDATE_NOTE,
+    Event,
+    OpInfo,
+    restored_function,
+)
 from nddebug.tracer import opaque, ops, rerun, undefined
 from nddebug.tracer.location import eager_location, library_callers
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
@@ -320,7 +328,12 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             ops.warn_once(
                 rec.recording,
-                f"Function {op_type} ran uninstrumented: it was traced before "
+                f"Function {op_type} was restored from a SavedModel, so only its inputs, its "
+                "outputs and the variables it captures are compared, not the ops inside it "
+                "(nddebug has no Python code of it to retrace). To name an op inside, check the "
+                "code the SavedModel was made from."
+                if restored_function(op_type)
+                else f"Function {op_type} ran uninstrumented: it was traced before "
                 "nddebug.trace() was entered, so only its inputs, its outputs and the variables "
                 "it captures are compared, not the ops inside it. Create or first call the "
                 "tf.function inside the block, or give it to nddebug.check() as the step "
