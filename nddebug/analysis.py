@@ -324,15 +324,21 @@ def expand_reruns(rec: Recording) -> list[Recording]:
 
 
 def not_rerun(rec: Recording) -> dict[str, list[str]]:
-    """The op types of a rerun recording that were not re-executed, by reason (function calls
-    are left out: the ops inside them were re-executed one by one)."""
+    """The op types of a rerun recording that were not re-executed, by reason (calls of
+    instrumented functions are left out: the ops inside them were re-executed one by one; a
+    call of a function traced before the block, or compiled by XLA, is not: nothing inside
+    it was, and an unseeded dropout there made a step "reproducible")."""
     covered = {ev.op_id for ev in rec.events if ev.reruns}
     out: dict[str, set[str]] = defaultdict(set)
     for op_id in {ev.op_id for ev in rec.events} - covered:
         op = rec.ops[op_id]
-        if op.op_type in PSEUDO_OPS or op.function or op.rerun == RERUN_INNER:
+        if op.op_type in PSEUDO_OPS or op.rerun == RERUN_INNER:
             continue
-        reason = op.rerun or "traced before the rerun block: its graph has no copies to re-run"
+        if op.function and op.function not in OPAQUE:
+            continue
+        reason = (
+            "" if op.function in OPAQUE else op.rerun
+        ) or "traced before the rerun block: its graph has no copies to re-run"
         out[reason].add(op.op_type)
     return {reason: sorted(types) for reason, types in sorted(out.items())}
 

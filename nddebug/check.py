@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nddebug import state as st
-from nddebug.recording import PIPELINE_OPS, Recording
+from nddebug.recording import OPAQUE, PIPELINE_OPS, RANDOM_OPS, Recording
 from nddebug.report import Report
 from nddebug.tracer.ops import WRITER, eager_identity
 
@@ -292,7 +292,7 @@ def check(
     before = keeper.snapshot()
     streams = st.RandomStreams()
     streams.set_apart()
-    fresh_kernels: set[str] = set()  # the seeded legacy random ops that drew from fresh kernels
+    fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
 
     def one_run(
         step: Callable[..., Any],
@@ -346,6 +346,10 @@ def check(
                 f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
             )
         warnings.extend(w for w in warm.warnings if w not in warnings)
+        unemulated = _not_emulated_note(warm) if emulate_gpu else ""
+        if unemulated and unemulated not in warnings:
+            warnings.append(unemulated)
+            warm.warnings.append(unemulated)
         xla_random = _xla_random_note(warm)
         if xla_random and xla_random not in warnings:
             warnings.append(xla_random)
@@ -399,15 +403,19 @@ def check(
         stuck = sorted(
             {f.op.op_type for f in report.comparison.findings if f.role == "source"} & set(seeded)
         )
-        if stuck or fresh_kernels:
-            say = (
-                STUCK_KERNELS_NOTE.format(ops=", ".join(stuck))
-                if stuck
-                else SEEDED_KERNELS_NOTE.format(ops=", ".join(sorted(fresh_kernels)))
-            )
+        said = []
+        if stuck:
+            said.append(STUCK_KERNELS_NOTE.format(ops=", ".join(stuck)))
+        elif fresh_kernels:
+            said.append(SEEDED_KERNELS_NOTE.format(ops=", ".join(sorted(fresh_kernels))))
+        own = _own_seeds(warm, streams.given)
+        if own:
+            said.append(OWN_SEEDS_NOTE.format(ops=", ".join(own)))
+        for say in said:
             warnings.append(say)
             for rec in runs:
                 rec.warnings.append(say)
+        if said:
             report = Report(runs, mode=mode)
         if moved:
             warnings.append(moved)
@@ -535,7 +543,7 @@ def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
 #: Said when check()'s runs called fresh copies of the functions holding seeded legacy random
 #: ops (see tracer.fresh).
 SEEDED_KERNELS_NOTE = (
-    "The step runs seeded legacy random ops ({ops}) in its functions. Each keeps its place in "
+    "The step runs seeded stateful random ops ({ops}) in its functions. Each keeps its place in "
     "its seeded stream inside its kernel, which lives as long as the function and which no "
     "state= can restore: each call of one function draws the next numbers. So each of "
     "check()'s runs called fresh copies of those functions, and their draws were compared "
@@ -545,36 +553,83 @@ SEEDED_KERNELS_NOTE = (
 )
 
 
-#: Said when seeded legacy random ops still differed: check() could not give them fresh
+#: Said when seeded stateful random ops still differed: check() could not give them fresh
 #: kernels.
 STUCK_KERNELS_NOTE = (
-    "The seeded legacy random ops {ops} differed from run to run because each keeps its "
+    "The seeded stateful random ops {ops} differed from run to run because each keeps its "
     "place in its seeded stream inside its kernel: each call draws the next numbers, which is "
     "not non-determinism (fresh processes draw the same). check() gives them fresh kernels "
     "only in functions it calls from the step's own thread (not eager ops, not an "
     "XLA-compiled function, not another thread's calls): draw with stateless random ops or a "
-    "tf.random.Generator in state= to compare them. Their kernels keep the place check()'s "
-    "runs left them at, so the steps after check() draw further on in those streams than "
-    "they would have without it."
+    "tf.random.Generator in state= to compare them."
 )
 
 
+#: Said when eager random ops with a seed= of their own ran in check()'s runs.
+OWN_SEEDS_NOTE = (
+    "The step runs random ops eagerly with a seed= of their own ({ops}). TensorFlow keeps one "
+    "kernel per seed for the process, and check()'s traced runs drew from it, so the steps "
+    "after check() draw further on in its stream than they would have without check() (op "
+    "seeds drawn from a global seed alone come from a stream of check()'s own, and yours are "
+    "left as they were). Move the op into a tf.function, whose seeded ops check()'s runs give "
+    "fresh kernels, or draw with stateless random ops."
+)
+
+
+def _own_seeds(rec: Recording, given: set[int]) -> list[str]:
+    """The eager random op types of ``rec`` with a seed of their own: a nonzero seed2 that
+    check()'s op-seed stream did not give out (``given``, see state.RandomStreams)."""
+    return sorted(
+        {
+            op.op_type
+            for op in rec.ops.values()
+            if not op.graph
+            and op.op_type in RANDOM_OPS
+            and op.attrs.get("seed2", 0)
+            and op.attrs.get("seed2") not in given
+        }
+    )
+
+
 def _seeded_kernels(rec: Recording) -> list[str]:
-    """The op types of the seeded legacy random ops (``tf.random.uniform``,
+    """The op types of the seeded stateful random ops (``tf.random.uniform``,
     ``tf.image.random_*`` with a global or op seed) that ``rec`` ran. Their kernels keep
     their generators' positions between calls (TensorFlow resets them only
     when ``tf.random.set_seed`` clears every kernel, the user's too), so two calls of one
     traced function draw different numbers by design; two fresh traces draw the same. An
     unseeded one (seed and seed2 both 0) seeds itself at random: it is not listed."""
-    from tensorflow.python.framework.auto_control_deps import LEGACY_RANDOM_OPS
-
     return sorted(
         {
             op.op_type
             for op in rec.ops.values()
-            if op.op_type in LEGACY_RANDOM_OPS
+            if op.op_type in RANDOM_OPS
             and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
         }
+    )
+
+
+def _not_emulated_note(rec: Recording) -> str:
+    """Under emulate_gpu(): the GPU culprits inside calls the runs could not look into (a
+    tf.function traced before the check that a Python step calls, an XLA cluster), which ran
+    as on this CPU, unemulated ("" if none). Their risk rows named them, but nothing said the
+    rehearsal missed them, and the verdict showed no source."""
+    from nddebug import emulate
+
+    found: dict[str, set[str]] = {}
+    for op in rec.ops.values():
+        if op.function not in OPAQUE:
+            continue
+        inside = {t for t in op.attrs.get("ops_inside", []) if t in emulate.RECIPES}
+        if inside:
+            found.setdefault(_call_name(op), set()).update(inside)
+    if not found:
+        return ""
+    where = "; ".join(f"{', '.join(sorted(v))} in {k}" for k, v in sorted(found.items()))
+    return (
+        f"emulate_gpu() did not reach the GPU culprits inside calls it cannot look into ({where}:"
+        " a tf.function traced before the check and called by the step, or an XLA cluster): "
+        "they ran as on this CPU, so these runs cannot show them diverge. Pass that "
+        "tf.function to check() itself, or first call it inside the step, to rehearse them."
     )
 
 

@@ -127,18 +127,34 @@ def restored_function(name: str) -> bool:
     return re.fullmatch(r"__inference_restored_function_body_\d+", name) is not None
 
 
-#: Stateful random op types (the legacy ones, with their seed and seed2 attributes): each
-#: kernel keeps its place in its stream, so a call draws the next numbers; with seed and
-#: seed2 both 0 it seeds itself at random.
+#: Stateful ops whose kernel holds a random generator seeded from their seed and seed2
+#: attributes: each kernel keeps its place in its stream, so each call draws the next numbers
+#: (with seed and seed2 both 0 it seeds itself at random). TensorFlow's LEGACY_RANDOM_OPS, and
+#: the candidate samplers (tf.nn.sampled_softmax_loss, nce_loss), the bounding-box sampler
+#: (tf.image.sample_distorted_bounding_box) and RandomCrop, which keep one the same way; a
+#: test holds this list to every stateful op TensorFlow registers with those attributes but
+#: the queues (a resource, not a stream) and cuDNN's RNNs (GPU kernels whose dropout seed
+#: only matters with dropout on a GPU).
 RANDOM_OPS = (
     "RandomUniform",
     "RandomUniformInt",
     "RandomStandardNormal",
     "TruncatedNormal",
+    "ParameterizedTruncatedNormal",
     "RandomShuffle",
     "RandomGamma",
+    "RandomPoisson",
     "RandomPoissonV2",
     "Multinomial",
+    "RandomCrop",
+    "SampleDistortedBoundingBox",
+    "SampleDistortedBoundingBoxV2",
+    "AllCandidateSampler",
+    "FixedUnigramCandidateSampler",
+    "LearnedUnigramCandidateSampler",
+    "LogUniformCandidateSampler",
+    "ThreadUnsafeUnigramCandidateSampler",
+    "UniformCandidateSampler",
 )
 
 

@@ -132,7 +132,8 @@ class Report:
                 # Nothing it ran could be re-executed (random ops, updates, iterators; outputs
                 # it cannot read, as a TensorList's; graphs traced before the block): a report
                 # that says so, not ok, rather than an error that lost what was recorded.
-                self.comparison = Comparison(1, len(recordings[0].ops), 0, [], [], [], [])
+                warnings = sorted(set(recordings[0].warnings))  # what the run said, still
+                self.comparison = Comparison(1, len(recordings[0].ops), 0, [], [], [], warnings)
                 self._nothing_rerun = True
                 return
             # Eager re-executions keep the values of divergent outputs as they go.

@@ -547,3 +547,25 @@ def test_the_emulations_own_masks_are_no_random_op_of_the_loop() -> None:
 
     report = nddebug.check(step, tf.ones((4, 3)), repeats=3, emulate_gpu=True)
     assert report.summary["risks"] == ["UnsortedSegmentSum"], str(report)
+
+
+def test_a_pretraced_function_the_step_calls_is_said_not_emulated() -> None:
+    """emulate_gpu() rewrites graphs as they are traced: a tf.function traced before the check
+    and called by a Python step runs as one call it cannot look into, its culprits as on the
+    CPU. The verdict named no source and nothing said the rehearsal missed them (probe round
+    31, F5); a warning now names them and what to do."""
+    ids = tf.constant(np.arange(4096) % 4, tf.int32)
+
+    @tf.function
+    def segsum(x):
+        return tf.math.unsorted_segment_sum(x * 1e3, ids, 4)
+
+    x = tf.random.stateless_uniform([4096], seed=[1, 2])
+    segsum(x)  # traced before the check
+    report = nddebug.check(lambda x: segsum(x), x, repeats=2, emulate_gpu=True)
+    said = [w for w in report.warnings if w.startswith("emulate_gpu() did not reach")]
+    assert len(said) == 1 and "UnsortedSegmentSum in segsum" in said[0], report.warnings
+    # Passed itself, it is traced in the check and emulated: no such warning, a source.
+    report = nddebug.check(segsum, x, repeats=2, emulate_gpu=True)
+    assert not any(w.startswith("emulate_gpu() did not reach") for w in report.warnings)
+    assert "UnsortedSegmentSum" in set(report.sources["op_type"]), str(report)

@@ -65,7 +65,7 @@ def test_legacy_noise_under_a_global_seed_is_reproducible() -> None:
     before = [w.copy() for w in model.get_weights()]
     report = nddebug.check(model.train_on_batch, *_data(), repeats=3, state=model)
     assert report.ok, str(report)
-    assert any("seeded legacy random ops (RandomUniform)" in w for w in report.warnings)
+    assert any("seeded stateful random ops (RandomUniform)" in w for w in report.warnings)
     plain = _model(stateless=False, global_seed=True)
     plain.train_on_batch(*_data())
     after = model.get_weights()
@@ -75,7 +75,7 @@ def test_legacy_noise_under_a_global_seed_is_reproducible() -> None:
     unseeded = _model(stateless=False)
     report = nddebug.check(unseeded.train_on_batch, *_data(), repeats=3, state=unseeded)
     assert list(report.sources["op_type"]) == ["RandomUniform"], str(report)
-    assert not any("seeded legacy random ops" in w for w in report.warnings)
+    assert not any("seeded stateful random ops" in w for w in report.warnings)
 
 
 def test_seeded_stateless_noise_is_reproducible() -> None:
@@ -129,7 +129,7 @@ def test_seeded_noise_in_a_function_a_python_step_calls_is_reproducible() -> Non
     assert (earlier(x).numpy() == plain[0]).all()  # traced and called before the check
     report = nddebug.check(lambda x: earlier(x), x, repeats=3)
     assert report.ok, str(report)
-    assert any("seeded legacy random ops (RandomUniform)" in w for w in report.warnings)
+    assert any("seeded stateful random ops (RandomUniform)" in w for w in report.warnings)
     assert (earlier(x).numpy() == plain[2]).all()  # the check was one step: draw 2
 
     inside = _seeded_noise()  # first traced inside the check
@@ -163,7 +163,7 @@ def test_unseeded_noise_a_python_step_calls_is_still_a_source() -> None:
 
     report = nddebug.check(lambda x: noisy(x), tf.zeros([16]), repeats=3)
     assert list(report.sources["op_type"]) == ["RandomUniform"], str(report)
-    assert not any("seeded legacy random ops" in w for w in report.warnings)
+    assert not any("seeded stateful random ops" in w for w in report.warnings)
 
 
 def test_a_keras_seed_generators_state_read_is_a_random_source() -> None:
@@ -198,7 +198,7 @@ def test_fresh_copies_keep_emulate_gpus_masks_random() -> None:
     report = nddebug.check(step, tf.ones([4096]), repeats=3, emulate_gpu=True)
     assert "UnsortedSegmentSum" in set(report.sources["op_type"]), str(report)
     assert "RandomUniform" not in set(report.sources["op_type"]), str(report)
-    assert any("seeded legacy random ops (RandomUniform)" in w for w in report.warnings)
+    assert any("seeded stateful random ops (RandomUniform)" in w for w in report.warnings)
 
 
 def test_an_eager_op_with_its_own_seed_is_a_seeded_stream_not_non_determinism() -> None:
@@ -218,7 +218,7 @@ def test_an_eager_op_with_its_own_seed_is_a_seeded_stream_not_non_determinism() 
     row = report.sources.iloc[0]
     assert row["op_type"] == "RandomUniform" and row["kind"] == "seeded stream", str(report)
     assert row["fix"].startswith("Not non-determinism"), row["fix"]
-    assert any("seeded legacy random ops RandomUniform differed" in w for w in report.warnings)
+    assert any("seeded stateful random ops RandomUniform differed" in w for w in report.warnings)
     # Unseeded (no global seed, no op seed): a random source, NOT reproducible.
     tf.random.set_seed(None)
 
@@ -228,3 +228,70 @@ def test_an_eager_op_with_its_own_seed_is_a_seeded_stream_not_non_determinism() 
     report = nddebug.check(unseeded, state=w, repeats=3)
     assert report.verdict == "NOT reproducible"
     assert list(report.sources["kind"]) == ["random"], str(report)
+
+
+def test_seeded_samplers_outside_tensorflows_legacy_list_draw_from_fresh_kernels() -> None:
+    """A candidate sampler (tf.nn.sampled_softmax_loss's) keeps a seeded generator in its
+    kernel as tf.random.uniform does, but is not on TensorFlow's LEGACY_RANDOM_OPS list: it got
+    no fresh kernels, check() said "NOT reproducible" with the advice to seed it, and through a
+    Python step the draws after check() moved on (probe round 31, F1)."""
+    tf.random.set_seed(0)
+    classes = tf.constant([[1], [2], [3], [4]], tf.int64)
+
+    def make():
+        @tf.function
+        def sample():
+            return tf.random.log_uniform_candidate_sampler(classes, 1, 64, True, 1000)[0]
+
+        return sample
+
+    reference = make()
+    plain = [reference().numpy() for _ in range(3)]
+    assert not all((p == plain[0]).all() for p in plain[1:])  # the stream moves on
+    sample = make()
+    assert (sample().numpy() == plain[0]).all()
+    report = nddebug.check(lambda: sample(), repeats=3)
+    assert report.ok, str(report)
+    assert (sample().numpy() == plain[2]).all()
+
+
+def test_eager_ops_with_their_own_seed_are_said_to_move_on_in_rerun_mode_too() -> None:
+    """Rerun mode runs the step once traced: an eager op with a seed= of its own drew from the
+    process's kernel for that seed, and the steps after check() drew further on, with no word
+    (probe round 31, F3). An op seed drawn from the global seed alone comes from check()'s own
+    stream and leaves the user's kernels alone: no such warning there (F4)."""
+    tf.random.set_seed(0)
+    w = tf.Variable(tf.zeros([16]))
+
+    def own_seed() -> None:
+        w.assign_add(tf.random.uniform([16], seed=5))
+
+    def global_seed() -> None:
+        w.assign_add(tf.random.uniform([16]))
+
+    report = nddebug.check(own_seed, state=w, mode="rerun")
+    assert any("with a seed= of their own (RandomUniform)" in x for x in report.warnings)
+    report = nddebug.check(global_seed, state=w, repeats=2)
+    assert not any("with a seed= of their own" in x for x in report.warnings), report.warnings
+
+
+def test_random_ops_lists_every_stateful_op_with_a_seeded_kernel() -> None:
+    """recording.RANDOM_OPS is what check() gives fresh kernels and what a report calls a
+    seeded stream: every stateful op TensorFlow registers with seed and seed2 attributes,
+    but the queues (a resource) and cuDNN's RNNs (GPU dropout)."""
+    from tensorflow.core.framework import op_def_pb2
+    from tensorflow.python.client import pywrap_tf_session as c_api
+
+    from nddebug.recording import RANDOM_OPS
+
+    ops = op_def_pb2.OpList()
+    ops.ParseFromString(c_api.TF_GetBuffer(c_api.TF_GetAllOpList()))
+    seeded = {
+        op.name
+        for op in ops.op
+        if op.is_stateful
+        and {"seed", "seed2"} <= {a.name for a in op.attr}
+        and "Queue" not in op.name
+        and not op.name.startswith("CudnnRNN")
+    }
+    assert seeded == set(RANDOM_OPS)

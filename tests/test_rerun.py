@@ -321,3 +321,22 @@ def test_rerun_and_repeat_agree_on_the_sources_of_one_step(workload: str) -> Non
     else:  # the emulated GPU kernels downstream of the first ones are sources in rerun mode
         kinds = set(rerun.sources["op_type"])
         assert kinds == {"BiasAddGrad", "Conv2DBackpropFilter", "Conv2DBackpropInput"}
+
+
+def test_rerun_mode_does_not_call_a_step_reproducible_whose_ops_ran_in_a_pretraced_function() -> None:
+    """Rerun mode re-executes the ops it recorded; a function traced before the check runs as
+    one call it cannot look into, nor re-execute. With an unseeded dropout inside, the step
+    was "reproducible" (ok) in rerun mode although fresh processes differ (probe round 31,
+    F2): the call was left out of what was not re-executed, as if its ops had been."""
+    tf.random.set_seed(None)
+
+    @tf.function
+    def f(x):
+        return tf.nn.dropout(x, 0.5)
+
+    x = tf.ones([64])
+    f(x)  # traced before the check
+    report = nddebug.check(lambda x: f(x) * 2.0, x, mode="rerun")
+    assert not report.ok, str(report)
+    assert report.verdict == "no difference seen, but not everything compared"
+    assert any("traced before the rerun block" in n for n in report.not_compared), str(report)

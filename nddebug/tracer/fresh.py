@@ -1,4 +1,4 @@
-"""Fresh kernels for seeded legacy random ops in check()'s runs.
+"""Fresh kernels for seeded stateful random ops in check()'s runs.
 
 A legacy random op (``tf.random.uniform``, ``tf.nn.dropout``, ``tf.image.random_*``) with a
 seed, its own or one derived from ``tf.random.set_seed`` / ``keras.utils.set_random_seed``,
@@ -32,6 +32,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from nddebug.recording import RANDOM_OPS
 from nddebug.tracer import ops, unneeded
 
 #: What a copy's name has after the original's (TensorFlow function names allow letters,
@@ -54,12 +55,6 @@ def original(name: str) -> str:
     return _ORIGINAL.get(name, name)
 
 
-def _legacy_random_ops() -> frozenset[str]:
-    from tensorflow.python.framework.auto_control_deps import LEGACY_RANDOM_OPS
-
-    return frozenset(LEGACY_RANDOM_OPS)
-
-
 def _callees(node: Any) -> list[str]:
     found = [v.func.name for v in node.attr.values() if v.HasField("func")]
     found += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
@@ -75,7 +70,7 @@ def seeded_tree(ctx: Any, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
     read."""
     if name in _TREES:
         return _TREES[name]
-    random_ops = _legacy_random_ops()
+    random_ops = frozenset(RANDOM_OPS)
     defs: dict[str, Any] = {}
     todo = [name]
     while todo:  # every function of the tree, read once
@@ -150,7 +145,7 @@ class FreshCopies:
     def _copy(self, ctx: Any, functions: Iterable[str]) -> None:
         from tensorflow.core.framework import function_pb2
 
-        random_ops = _legacy_random_ops()
+        random_ops = frozenset(RANDOM_OPS)
         todo = [f for f in functions if f not in self.copies]
         names = {f: f"{f}{MARK}{next(_numbers)}" for f in todo}
         every = {**self.copies, **names}

@@ -368,7 +368,7 @@ class PreCallHook:
             # Another thread's call: not this block's, and kept out of it.
             return rec.foreign_call(run, ops.as_str(name))
         if rec.fresh is not None and not busy():
-            # check()'s run: seeded legacy random ops draw from fresh kernels (tracer.fresh).
+            # check()'s run: seeded stateful random ops draw from fresh kernels (tracer.fresh).
             called = rec.fresh.name_for(ctx, name)
         if not busy():
             fname = ops.as_str(name)
