@@ -602,8 +602,7 @@ def _seeded_kernels(rec: Recording) -> list[str]:
         {
             op.op_type
             for op in rec.ops.values()
-            if op.op_type in RANDOM_OPS
-            and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
+            if op.op_type in RANDOM_OPS and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
         }
     )
 

@@ -34,11 +34,11 @@ import random
 import re
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from nddebug import knowledge
+from nddebug.graph_memo import GraphMemo
 from nddebug.switch import Switch
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ _warned: set[str] = set()
 # A process-wide switch read by every emulated graph: a graph traced under emulate_gpu() and
 # run after it computes exactly what the plain op computes.
 _GATE = Switch("emulate_gpu")
-_graph_gates: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_graph_gates = GraphMemo("emulation_gate")
 
 
 def is_active() -> bool:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from typing import Any
+
+from nddebug.graph_memo import GraphMemo
 
 _lock = threading.Lock()
 #: What every switch's shared variable name starts with.
@@ -29,7 +30,7 @@ class Switch:
         # be shared (it is not today; the name costs nothing).
         self.shared_name = f"{SWITCH_PREFIX}{name}_{os.getpid()}"
         self._handle: Any = None
-        self._reads: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._reads = GraphMemo(f"switch_{name}")
         self._values: dict[tuple[str, bool], Any] = {}  # (device, on) -> eager int32 tensor
 
     def _eager_handle(self) -> Any:

@@ -323,7 +323,9 @@ def test_rerun_and_repeat_agree_on_the_sources_of_one_step(workload: str) -> Non
         assert kinds == {"BiasAddGrad", "Conv2DBackpropFilter", "Conv2DBackpropInput"}
 
 
-def test_rerun_mode_does_not_call_a_step_reproducible_whose_ops_ran_in_a_pretraced_function() -> None:
+def test_rerun_mode_does_not_call_a_step_reproducible_whose_ops_ran_in_a_pretraced_function() -> (
+    None
+):
     """Rerun mode re-executes the ops it recorded; a function traced before the check runs as
     one call it cannot look into, nor re-execute. With an unseeded dropout inside, the step
     was "reproducible" (ok) in rerun mode although fresh processes differ (probe round 31,

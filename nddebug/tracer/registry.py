@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from nddebug.graph_memo import GraphMemo
 from nddebug.recording import OpInfo
 from nddebug.switch import Switch
 
@@ -54,9 +55,7 @@ class OpRegistry:
         # Instrumented function -> the XLA-compiled functions it calls (opaque.xla_called).
         self.xla_called: dict[str, set[str]] = {}
         # per graph: output tensor (by name) -> digest tensor [2] (or None if unreadable)
-        self.graph_digests: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.graph_digests = GraphMemo("digests")
         self.graph_keys: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
             weakref.WeakKeyDictionary()
         )

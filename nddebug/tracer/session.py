@@ -17,16 +17,16 @@ called reproducible.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
+from nddebug.graph_memo import GraphMemo
 from nddebug.recording import NOT_COMPARED, Event, OpInfo
 from nddebug.tracer import instrument, ops
 from nddebug.tracer.location import eager_location
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
 # Per graph: op name -> the record ops of its instrumentation (empty when nothing is recorded).
-_SENDS: weakref.WeakKeyDictionary[Any, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+_SENDS = GraphMemo("session_sends")
 _local = threading.local()  # in_run: inside a Session.run that nddebug records
 
 
