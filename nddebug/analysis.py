@@ -336,9 +336,12 @@ def not_rerun(rec: Recording) -> dict[str, list[str]]:
             continue
         if op.function and op.function not in OPAQUE:
             continue
-        reason = (
-            "" if op.function in OPAQUE else op.rerun
-        ) or "traced before the rerun block: its graph has no copies to re-run"
+        if op.function == "xla":
+            reason = "compiled by XLA: its ops are not re-executed one by one"
+        else:
+            reason = (
+                "" if op.function in OPAQUE else op.rerun
+            ) or "traced before the rerun block: its graph has no copies to re-run"
         out[reason].add(op.op_type)
     return {reason: sorted(types) for reason, types in sorted(out.items())}
 
@@ -371,6 +374,13 @@ def rerun_blind(rec: Recording) -> list[str]:
             + ") ran, and rerun mode cannot re-execute them (running them again changes their "
             "state): repeat the step (check()'s default mode) to compare them"
         )
+    xla = missed.get("compiled by XLA: its ops are not re-executed one by one")
+    if xla:
+        out.append(
+            "XLA-compiled functions ("
+            + ", ".join(xla[:6])
+            + "): their ops are not re-executed one by one; check() in repeat mode compares them"
+        )
     before = [reason for reason in missed if reason.startswith("traced before")]
     if before:
         out.append(
@@ -382,8 +392,10 @@ def rerun_blind(rec: Recording) -> list[str]:
     return out
 
 
-def compare_recordings(recordings: list[Recording]) -> Comparison:
-    """Align and classify; the first recording is the reference."""
+def compare_recordings(recordings: list[Recording], in_process: bool = False) -> Comparison:
+    """Align and classify; the first recording is the reference. ``in_process``: the runs
+    repeated one step in one process (check()), where a seeded random op's kernel goes on
+    from run to run (see :func:`_seeded_streams`)."""
     if len(recordings) < 2:
         raise NotComparableError(
             f"comparison needs at least two recordings of the same step, got {len(recordings)}"
@@ -560,7 +572,8 @@ def compare_recordings(recordings: list[Recording]) -> Comparison:
             )
     _other_threads(findings, recordings)
     _seed_state_reads(findings)
-    _seeded_streams(findings)
+    if in_process:
+        _seeded_streams(findings, recordings)
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -1106,29 +1119,40 @@ def _seed_state_reads(findings: list[OpFinding]) -> None:
             )
 
 
-def _seeded_streams(findings: list[OpFinding]) -> None:
-    """An eager legacy random op with a seed (``tf.random.uniform(shape, seed=5)``) that
-    differs from identical inputs has drawn further on in its seeded stream: TensorFlow keeps
-    one kernel per seed for the process, and each call draws the next numbers, while a fresh
-    process draws the same ones again. That is not non-determinism, and "seed it" was wrong
-    advice; check() gives fresh kernels to such ops inside the functions it calls
-    (tracer.fresh), not to eager ones. (Inside a graph, a seeded op can also differ because a
-    loop's iterations race for its kernel: those stay random sources.)"""
+def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> None:
+    """In runs of one process: an eager random op with a seed (``tf.random.uniform(shape,
+    seed=5)``, or an op seed drawn from the global seed, which check() draws alike in every
+    run) that differs from identical inputs and the same seeds in every run has drawn further
+    on in its seeded stream: TensorFlow keeps one kernel per seed for the process, and each
+    call draws the next numbers, while a fresh process draws the same ones again. That is not
+    non-determinism, and "seed it" was wrong advice; check() gives fresh kernels to such ops
+    inside the functions it calls (tracer.fresh), not to eager ones. Seeds that differ
+    between the runs (drawn from Python or the clock) stay a random source, and so does a
+    seeded op inside a graph (a loop's iterations can race for its kernel)."""
     for f in findings:
         op = f.op
         if (
-            f.role == "source"
-            and not op.graph
-            and op.op_type in RANDOM_OPS
-            and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
+            f.role != "source"
+            or op.graph
+            or op.op_type not in RANDOM_OPS
+            or not (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
         ):
-            f.kind = "seeded stream"
-            f.explanation = (
-                "a seeded random op drew further on in its stream: its kernel, kept by "
-                "TensorFlow for the process, gives the next numbers at each call, so the runs "
-                "drew different ones while fresh processes draw the same; not "
-                "non-determinism, but what it feeds could not be compared"
-            )
+            continue
+        seeds = {
+            (o.attrs.get("seed"), o.attrs.get("seed2"))
+            for rec in recordings
+            for o in rec.ops.values()
+            if o.key == op.key
+        }
+        if len(seeds) != 1:
+            continue
+        f.kind = "seeded stream"
+        f.explanation = (
+            "a seeded random op drew further on in its stream: its kernel, kept by "
+            "TensorFlow for the process, gives the next numbers at each call, so the runs "
+            "drew different ones from the same seeds while fresh processes draw the same; "
+            "not non-determinism, but what it feeds could not be compared"
+        )
 
 
 def _explain(f: OpFinding, device: str = "") -> None:

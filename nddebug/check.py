@@ -301,6 +301,9 @@ def check(
         rerun_only: set[str] | None = None,
     ) -> Recording:
         keeper.restore(before)
+        # Every run draws its eager op seeds from the start of check()'s own stream: the same
+        # seeds in each run, as fresh processes draw the same ones from the global seed.
+        streams.set_apart()
         if seed is not None:
             st.set_seeds(seed)
         k_here = confirm if rerun_only is not None else k
@@ -346,10 +349,8 @@ def check(
                 f"({', '.join(keeper.unreadable[:5])}): they are not restored between runs."
             )
         warnings.extend(w for w in warm.warnings if w not in warnings)
+        # This pass's own: the XLA-off pass after an as-compiled one emulates what this missed.
         unemulated = _not_emulated_note(warm) if emulate_gpu else ""
-        if unemulated and unemulated not in warnings:
-            warnings.append(unemulated)
-            warm.warnings.append(unemulated)
         xla_random = _xla_random_note(warm)
         if xla_random and xla_random not in warnings:
             warnings.append(xla_random)
@@ -375,7 +376,7 @@ def check(
             runs.append(warm)
             if path is not None:
                 warm.save(path)
-        seeded = _seeded_kernels(warm) if mode == "repeat" else []
+        seeded = _seeded_kernels(warm) if mode == "repeat" else set()
         kept = RepeatStore(MAX_DISTINCT_REPEATS)
         for i in range(repeats if mode == "repeat" else 0):
             rec = one_run(step, f"repeat {i}")
@@ -401,21 +402,30 @@ def check(
                 report = Report(runs, mode=mode)
         # Still sources: they drew where check() could not give them fresh kernels.
         stuck = sorted(
-            {f.op.op_type for f in report.comparison.findings if f.role == "source"} & set(seeded)
+            {
+                f.op.op_type
+                for f in report.comparison.findings
+                if f.role == "source" and f.key in seeded
+            }
         )
         said = []
         if stuck:
             said.append(STUCK_KERNELS_NOTE.format(ops=", ".join(stuck)))
         elif fresh_kernels:
             said.append(SEEDED_KERNELS_NOTE.format(ops=", ".join(sorted(fresh_kernels))))
-        own = _own_seeds(warm, streams.given)
+        # Only while check()'s own stream gave the op seeds (check(seed=...) and a step that
+        # calls tf.random.set_seed replace it, and reset every kernel besides).
+        own = _own_seeds(warm, streams.given) if streams.logging() else []
         if own:
             said.append(OWN_SEEDS_NOTE.format(ops=", ".join(own)))
         for say in said:
             warnings.append(say)
             for rec in runs:
                 rec.warnings.append(say)
-        if said:
+        if unemulated:
+            for rec in runs:
+                rec.warnings.append(unemulated)
+        if said or unemulated:
             report = Report(runs, mode=mode)
         if moved:
             warnings.append(moved)
@@ -585,26 +595,24 @@ def _own_seeds(rec: Recording, given: set[int]) -> list[str]:
             for op in rec.ops.values()
             if not op.graph
             and op.op_type in RANDOM_OPS
-            and op.attrs.get("seed2", 0)
+            and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
             and op.attrs.get("seed2") not in given
         }
     )
 
 
-def _seeded_kernels(rec: Recording) -> list[str]:
-    """The op types of the seeded stateful random ops (``tf.random.uniform``,
+def _seeded_kernels(rec: Recording) -> set[str]:
+    """The op keys of the seeded stateful random ops (``tf.random.uniform``,
     ``tf.image.random_*`` with a global or op seed) that ``rec`` ran. Their kernels keep
     their generators' positions between calls (TensorFlow resets them only
     when ``tf.random.set_seed`` clears every kernel, the user's too), so two calls of one
     traced function draw different numbers by design; two fresh traces draw the same. An
     unseeded one (seed and seed2 both 0) seeds itself at random: it is not listed."""
-    return sorted(
-        {
-            op.op_type
-            for op in rec.ops.values()
-            if op.op_type in RANDOM_OPS and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
-        }
-    )
+    return {
+        op.key
+        for op in rec.ops.values()
+        if op.op_type in RANDOM_OPS and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
+    }
 
 
 def _not_emulated_note(rec: Recording) -> str:
@@ -625,10 +633,11 @@ def _not_emulated_note(rec: Recording) -> str:
         return ""
     where = "; ".join(f"{', '.join(sorted(v))} in {k}" for k, v in sorted(found.items()))
     return (
-        f"emulate_gpu() did not reach the GPU culprits inside calls it cannot look into ({where}:"
-        " a tf.function traced before the check and called by the step, or an XLA cluster): "
-        "they ran as on this CPU, so these runs cannot show them diverge. Pass that "
-        "tf.function to check() itself, or first call it inside the step, to rehearse them."
+        f"emulate_gpu() did not reach the GPU culprits inside calls it cannot look into ({where})"
+        ": they ran as on this CPU, so these runs cannot show them diverge. A tf.function "
+        "traced before the check and called by the step: pass it to check() itself, or first "
+        "call it inside the step; an XLA cluster: check() goes on with XLA off; a function "
+        "restored from a SavedModel: check the code it was made from."
     )
 
 

@@ -10,7 +10,10 @@ attribute of the graph, a memo is a reference cycle the garbage collector frees 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+_lock = threading.Lock()
 
 
 class GraphMemo:
@@ -24,11 +27,12 @@ class GraphMemo:
         return getattr(graph, self._attr, default)
 
     def setdefault(self, graph: Any, default: Any) -> Any:
-        value = getattr(graph, self._attr, None)
-        if value is None:
-            value = default
-            setattr(graph, self._attr, value)
-        return value
+        with _lock:  # one step, as a dict's setdefault was
+            value = getattr(graph, self._attr, None)
+            if value is None:
+                value = default
+                setattr(graph, self._attr, value)
+            return value
 
     def __contains__(self, graph: Any) -> bool:
         return getattr(graph, self._attr, None) is not None

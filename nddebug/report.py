@@ -139,7 +139,7 @@ class Report:
             # Eager re-executions keep the values of divergent outputs as they go.
             own = [recordings[0]] if recordings[0].values else []
             capture_runs = [r for c in self.captures or own for r in expand_reruns(c)]
-        self.comparison: Comparison = compare_recordings(runs)
+        self.comparison: Comparison = compare_recordings(runs, in_process=mode == "repeat")
         if len(capture_runs) >= 2:
             _attach_magnitudes(self.comparison, capture_runs)
         _sort_by_magnitude(self.comparison.findings)
@@ -295,7 +295,11 @@ class Report:
         if self.errors:
             return "NOT checked"
         sources = [f for f in c.findings if f.role == "source"]
-        streams_only = bool(sources) and all(f.kind == "seeded stream" for f in sources)
+        streams_only = (
+            bool(sources)
+            and all(f.kind == "seeded stream" for f in sources)
+            and not any(f.role == "control flow" for f in c.findings)
+        )
         if (c.findings and not streams_only) or c.paths or self._compiled_differs():
             return "NOT reproducible"
         if self._risks(applies=True) or self._compiled_risky():
@@ -483,6 +487,14 @@ def _row(f: Any) -> dict[str, Any]:
             "Find the Python-side value that differs before this op: fix PYTHONHASHSEED (e.g. "
             "nddebug run --hashseed 0), seed Python's random and NumPy, sort sets and dict keys "
             "before turning them into tensors, and list files in sorted order."
+        )
+    elif op.function in OPAQUE and restored_function(op.op_type) and f.kind != "random":
+        known = "not in the known list"
+        fix = (
+            "A function restored from a SavedModel gave different outputs, or wrote different "
+            "variable values, from identical inputs and state; nddebug cannot see inside it "
+            "(it has no Python code to retrace). Check the code the SavedModel was made from: "
+            "its tf.function passed to nddebug.check() names the op."
         )
     elif op.function in OPAQUE:
         known = "not in the known list"

@@ -368,6 +368,17 @@ class RandomStreams:
         copy.setstate(self.tf_seeds)
         context.context()._rng = _LoggedSeeds(copy.getrandbits(64) ^ 0x6E64646562756721, self)
 
+    def logging(self) -> bool:
+        """Whether every op seed an eager op drew since :meth:`set_apart` came from
+        check()'s own stream, or none did for want of a global seed: nothing called
+        tf.random.set_seed since (which replaces the stream and resets every kernel)."""
+        from tensorflow.python.eager import context
+
+        rng = getattr(context.context(), "_rng", None)
+        if self._tf_rng is None:  # no global seed: eager ops draw no op seeds at all
+            return rng is None
+        return isinstance(rng, _LoggedSeeds) and rng._streams is self
+
     #: The op seeds check()'s own stream gave out (see :meth:`set_apart`): an eager random
     #: op whose seed2 is one of them took it from the global seed, and left the user's
     #: kernels alone; one with another seed2 has a seed= of its own.

@@ -60,7 +60,7 @@ def test_legacy_noise_under_a_global_seed_is_reproducible() -> None:
     from it, and fresh processes train bit for bit alike. Its kernel keeps its place in that
     seeded stream from call to call, so repeats of one traced step drew other numbers and
     check() said "NOT reproducible", naming the op and advising the seed the user had set.
-    Each repeat now runs a freshly traced copy, and says so."""
+    Each run now calls fresh copies of the function, and says so."""
     model = _model(stateless=False, global_seed=True)
     before = [w.copy() for w in model.get_weights()]
     report = nddebug.check(model.train_on_batch, *_data(), repeats=3, state=model)
@@ -151,7 +151,13 @@ def test_seeded_noise_in_a_nested_function_traced_before_is_reproducible() -> No
     def outer(x):
         return 2.0 * inner(x)
 
+    reference = _seeded_noise()
+    plain = [reference(x).numpy() for _ in range(3)]
     assert nddebug.check(outer, x, repeats=3).ok
+    # As without the check: outer's call of inner has a kernel of its own, which the check's
+    # one ordinary step moved on once, and inner's eager kernel drew once, before it.
+    assert (outer(x).numpy() == 2.0 * plain[1]).all()
+    assert (inner(x).numpy() == plain[1]).all()
 
 
 def test_unseeded_noise_a_python_step_calls_is_still_a_source() -> None:
@@ -271,8 +277,30 @@ def test_eager_ops_with_their_own_seed_are_said_to_move_on_in_rerun_mode_too() -
 
     report = nddebug.check(own_seed, state=w, mode="rerun")
     assert any("with a seed= of their own (RandomUniform)" in x for x in report.warnings)
-    report = nddebug.check(global_seed, state=w, repeats=2)
+    for mode in ("rerun", "repeat"):
+        report = nddebug.check(global_seed, state=w, repeats=2, mode=mode)
+        assert not any("with a seed= of their own" in x for x in report.warnings), report.warnings
+    # check(seed=...) seeds TensorFlow itself (tf.random.set_seed resets every kernel): the
+    # op seeds are then TensorFlow's, not "of their own".
+    report = nddebug.check(global_seed, state=w, repeats=2, seed=3)
     assert not any("with a seed= of their own" in x for x in report.warnings), report.warnings
+
+
+def test_an_eager_seed_that_differs_between_runs_stays_a_random_source() -> None:
+    """A seeded stream is a kernel going on with the same seeds; seeds that differ between
+    the runs (drawn from Python's generator, which check() does not rewind between runs) are
+    a random source, NOT reproducible."""
+    import random
+
+    tf.random.set_seed(0)
+    w = tf.Variable(tf.zeros([16]))
+
+    def step() -> None:
+        w.assign_add(tf.random.uniform([16], seed=random.randrange(1, 2**30)))
+
+    report = nddebug.check(step, state=w, repeats=3)
+    assert report.verdict == "NOT reproducible", str(report)
+    assert list(report.sources["kind"]) == ["random"], str(report)
 
 
 def test_random_ops_lists_every_stateful_op_with_a_seeded_kernel() -> None:

@@ -1,16 +1,17 @@
 """Fresh kernels for seeded stateful random ops in check()'s runs.
 
-A legacy random op (``tf.random.uniform``, ``tf.nn.dropout``, ``tf.image.random_*``) with a
-seed, its own or one derived from ``tf.random.set_seed`` / ``keras.utils.set_random_seed``,
-keeps its place in its seeded stream in its kernel, and the kernel lives as long as the
-function's instantiation in the eager context: every call of one function draws the next
-numbers, while a fresh process's first call draws the first ones again. check() runs a step
-several times; run on the user's own functions, its repeats drew different numbers by design
-(a false "NOT reproducible"), and the training that followed drew further on in the streams
-than it would have without the check (other weights after the check).
+A stateful random op (``tf.random.uniform``, ``tf.nn.dropout``, ``tf.image.random_*``, the
+candidate samplers: ``recording.RANDOM_OPS``) with a seed, its own or one derived from
+``tf.random.set_seed`` / ``keras.utils.set_random_seed``, keeps its place in its seeded
+stream in its kernel, and the kernel lives as long as the function's instantiation in the
+eager context: every call of one function draws the next numbers, while a fresh process's
+first call draws the first ones again. check() runs a step several times; run on the user's
+own functions, its repeats drew different numbers by design (a false "NOT reproducible"),
+and the training that followed drew further on in the streams than it would have without
+the check (other weights after the check).
 
 So while a check run is recorded, an eager call of a function whose call tree holds a seeded
-legacy random op goes to a copy of that tree under new names: new names are new
+random op goes to a copy of that tree under new names: new names are new
 instantiations, whose kernels start their streams where a fresh process's do. One copy per
 function per run (calls within a run go on in one stream, as the original's would within a
 step); the copies are removed from the context when the run ends. The user's functions are
@@ -45,9 +46,16 @@ _mask_seeds = random.SystemRandom()
 # copy name -> original name, for every copy alive: the eager op callback gets the copy's
 # name, and records the call under the original's.
 _ORIGINAL: dict[str, str] = {}
-# Function name -> (the seeded legacy random op types its tree holds, the functions of its
+# Function name -> (the seeded random op types its tree holds, the functions of its
 # tree that hold one or call one that does). FunctionDefs are immutable per name.
 _TREES: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def forget(name: str) -> None:
+    """Drop what :func:`seeded_tree` remembers of ``name`` (TensorFlow removed the function):
+    a program that rebuilds its step (DeterminismCheck, once per check) makes new names."""
+    with _lock:
+        _TREES.pop(name, None)
 
 
 def original(name: str) -> str:
@@ -55,16 +63,8 @@ def original(name: str) -> str:
     return _ORIGINAL.get(name, name)
 
 
-def _callees(node: Any) -> list[str]:
-    found = [v.func.name for v in node.attr.values() if v.HasField("func")]
-    found += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
-    if ops.op_def(node.op) is None:
-        found.append(node.op)  # a call by the function's own name
-    return found
-
-
 def seeded_tree(ctx: Any, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
-    """The seeded legacy random op types in ``name``'s call tree (calls, branches, loop
+    """The seeded random op types in ``name``'s call tree (calls, branches, loop
     bodies), and the functions of the tree that must be copied to reset them: those that
     hold one or call one that must. ((), ∅) where there is none, or the function cannot be
     read."""
@@ -82,11 +82,11 @@ def seeded_tree(ctx: Any, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
         except Exception:  # noqa: BLE001 - not a function the context holds (an op)
             defs[fname] = None
             continue
-        todo += [c for n in defs[fname].node_def for c in _callees(n)]
+        todo += [c for n in defs[fname].node_def for c in ops.callees(n)]
     found: set[str] = set()
     holds: set[str] = set()
     for fname, fdef in defs.items():
-        if fdef is None or _xla(fdef):
+        if fdef is None or ops.xla_must_compile(fdef):
             continue
         for node in fdef.node_def:
             if unneeded.made_by_nddebug(node.name):
@@ -99,19 +99,15 @@ def seeded_tree(ctx: Any, name: str) -> tuple[tuple[str, ...], frozenset[str]]:
     while changed:  # and every function calling one of them, up to ``name``
         changed = False
         for fname, fdef in defs.items():
-            if fdef is None or fname in copied or _xla(fdef):
+            if fdef is None or fname in copied or ops.xla_must_compile(fdef):
                 continue
-            if any(c in copied for n in fdef.node_def for c in _callees(n)):
+            if any(c in copied for n in fdef.node_def for c in ops.callees(n)):
                 copied.add(fname)
                 changed = True
     tree = (tuple(sorted(found)), frozenset(copied if name in copied else ()))
     with _lock:
         _TREES[name] = tree
     return tree
-
-
-def _xla(fdef: Any) -> bool:
-    return "_XlaMustCompile" in fdef.attr and fdef.attr["_XlaMustCompile"].b
 
 
 class FreshCopies:
@@ -121,11 +117,10 @@ class FreshCopies:
     def __init__(self) -> None:
         self.copies: dict[str, str] = {}  # original -> its copy in this run
         self.op_types: set[str] = set()  # the seeded op types the copies reset
-        self.functions: set[str] = set()  # the user's functions called through a copy
 
     def name_for(self, ctx: Any, name: Any) -> Any:
         """The name to call for ``name`` in this run: a copy's where its tree holds seeded
-        legacy random ops, else ``name`` (same type, bytes or str)."""
+        seeded random ops, else ``name`` (same type, bytes or str)."""
         text = ops.as_str(name)
         if text in _ORIGINAL:
             return name
@@ -138,7 +133,6 @@ class FreshCopies:
             except Exception:  # noqa: BLE001 - TensorFlow refused a copy: call the original
                 return name
             self.op_types.update(found)
-            self.functions.add(text)
         copy = self.copies[text]
         return copy.encode() if isinstance(name, bytes) else copy
 
@@ -169,8 +163,15 @@ class FreshCopies:
                                 f.name = every[f.name]
             made.append(fdef)
         # Callees first: a caller's instantiation looks its callees up by name.
-        for fdef in _callees_first(made):
-            ctx.add_function_def(fdef)
+        added = []
+        try:
+            for fdef in _callees_first(made):
+                ctx.add_function_def(fdef)
+                added.append(fdef.signature.name)
+        except BaseException:
+            for name in added:  # none of a failed copy stays registered
+                ctx.remove_function(name)
+            raise
         with _lock:
             for fname, copy in names.items():
                 _ORIGINAL[copy] = fname
@@ -204,7 +205,7 @@ def _callees_first(fdefs: list[Any]) -> list[Any]:
             return
         path.add(name)
         for node in by_name[name].node_def:
-            for callee in _callees(node):
+            for callee in ops.callees(node):
                 if callee in by_name:
                     place(callee, path)
         placed.add(name)

@@ -40,7 +40,7 @@ def function_kind(name: str) -> str:
     if name in REGISTRY.xla_functions:
         return "xla"
     fdef = _function_def(name)
-    if fdef is not None and "_XlaMustCompile" in fdef.attr and fdef.attr["_XlaMustCompile"].b:
+    if fdef is not None and ops.xla_must_compile(fdef):
         return "xla"
     return "uninstrumented"
 

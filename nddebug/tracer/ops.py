@@ -99,6 +99,22 @@ def function_name(name: str) -> str:
     return FUNCTION_CALL.sub("", UID_SUFFIX.sub("", name))
 
 
+def callees(node: Any) -> list[str]:
+    """The functions a FunctionDef node calls: its function attributes (a call's ``f``,
+    branches, loop bodies, lists of them) and, for an op type that is no op, the function it
+    calls by its own name."""
+    found = [v.func.name for v in node.attr.values() if v.HasField("func")]
+    found += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
+    if op_def(node.op) is None:
+        found.append(node.op)
+    return found
+
+
+def xla_must_compile(fdef: Any) -> bool:
+    """Whether a FunctionDef is compiled by XLA as a whole (``jit_compile=True``)."""
+    return "_XlaMustCompile" in fdef.attr and fdef.attr["_XlaMustCompile"].b
+
+
 def as_str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

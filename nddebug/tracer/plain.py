@@ -39,7 +39,7 @@ import threading
 from typing import Any
 
 from nddebug.switch import SWITCH_PREFIX
-from nddebug.tracer import ops, unneeded
+from nddebug.tracer import fresh, ops, unneeded
 from nddebug.tracer.registry import REGISTRY
 
 #: What a twin's name ends with (TensorFlow function names allow letters, digits and _).
@@ -275,6 +275,7 @@ def hook_removal() -> None:
     def remove_function(self: Any, name: Any) -> Any:
         out = original(self, name)
         key = name.decode() if isinstance(name, bytes) else str(name)
+        fresh.forget(key)
         with _lock:
             twin = _twins.pop(key, None)
         if twin and twin != key:
@@ -357,12 +358,9 @@ def _kernel_state(ctx: Any, fdef: Any, seen: set[str]) -> str | None:
     for node in fdef.node_def:
         if _ours(node) or unneeded.EMULATION_SCOPE in node.name:
             continue  # emulate_gpu's random masks: used only while its switch is on
-        callees = [v.func.name for v in node.attr.values() if v.HasField("func")]
-        callees += [f.name for v in node.attr.values() if v.HasField("list") for f in v.list.func]
+        callees = ops.callees(node)
         op_def = ops.op_def(node.op)
-        if op_def is None:
-            callees.append(node.op)  # a call by the function's own name
-        elif op_def.is_stateful and not _state_elsewhere(node, op_def):
+        if op_def is not None and op_def.is_stateful and not _state_elsewhere(node, op_def):
             return f"{node.op} ({node.name})"
         for name in callees:
             if name in seen:
