@@ -29,7 +29,6 @@ from nddebug.recording import (
     OTHER_THREADS,
     PIPELINE_OPS,
     PIPELINE_READERS,
-    RANDOM_OPS,
     RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
@@ -42,6 +41,7 @@ from nddebug.recording import (
     Event,
     OpInfo,
     Recording,
+    seeded_random,
 )
 
 # A unit is one op execution identified across runs: (eager index in run 0, key, occurrence).
@@ -1131,12 +1131,7 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
     seeded op inside a graph (a loop's iterations can race for its kernel)."""
     for f in findings:
         op = f.op
-        if (
-            f.role != "source"
-            or op.graph
-            or op.op_type not in RANDOM_OPS
-            or not (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
-        ):
+        if f.role != "source" or op.graph or not seeded_random(op):
             continue
         seeds = {
             (o.attrs.get("seed"), o.attrs.get("seed2"))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from nddebug import state as st
-from nddebug.recording import OPAQUE, PIPELINE_OPS, RANDOM_OPS, Recording
+from nddebug.recording import OPAQUE, PIPELINE_OPS, Recording, seeded_random
 from nddebug.report import Report
 from nddebug.tracer.ops import WRITER, eager_identity
 
@@ -290,8 +290,7 @@ def check(
     keeper = st.StateKeeper(state)
     keeper.also(st.keras_global_seed_generator())
     before = keeper.snapshot()
-    streams = st.RandomStreams()
-    streams.set_apart()
+    streams = st.RandomStreams()  # set apart at the start of each run (one_run)
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
 
     def one_run(
@@ -307,7 +306,7 @@ def check(
         if seed is not None:
             st.set_seeds(seed)
         k_here = confirm if rerun_only is not None else k
-        # Seeded legacy random ops draw from fresh kernels in every run (tracer.fresh): the
+        # Seeded random ops draw from fresh kernels in every run (tracer.fresh): the
         # runs compare the same draws, and the user's own kernels are left to the last step.
         copies = FreshCopies()
         try:
@@ -593,10 +592,7 @@ def _own_seeds(rec: Recording, given: set[int]) -> list[str]:
         {
             op.op_type
             for op in rec.ops.values()
-            if not op.graph
-            and op.op_type in RANDOM_OPS
-            and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
-            and op.attrs.get("seed2") not in given
+            if not op.graph and seeded_random(op) and op.attrs.get("seed2") not in given
         }
     )
 
@@ -608,11 +604,7 @@ def _seeded_kernels(rec: Recording) -> set[str]:
     when ``tf.random.set_seed`` clears every kernel, the user's too), so two calls of one
     traced function draw different numbers by design; two fresh traces draw the same. An
     unseeded one (seed and seed2 both 0) seeds itself at random: it is not listed."""
-    return {
-        op.key
-        for op in rec.ops.values()
-        if op.op_type in RANDOM_OPS and (op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
-    }
+    return {op.key for op in rec.ops.values() if seeded_random(op)}
 
 
 def _not_emulated_note(rec: Recording) -> str:
@@ -622,16 +614,9 @@ def _not_emulated_note(rec: Recording) -> str:
     rehearsal missed them, and the verdict showed no source."""
     from nddebug import emulate
 
-    found: dict[str, set[str]] = {}
-    for op in rec.ops.values():
-        if op.function not in OPAQUE:
-            continue
-        inside = {t for t in op.attrs.get("ops_inside", []) if t in emulate.RECIPES}
-        if inside:
-            found.setdefault(_call_name(op), set()).update(inside)
-    if not found:
+    where = _inside_calls(rec, OPAQUE, lambda t: t if t in emulate.RECIPES else None)
+    if not where:
         return ""
-    where = "; ".join(f"{', '.join(sorted(v))} in {k}" for k, v in sorted(found.items()))
     return (
         f"emulate_gpu() did not reach the GPU culprits inside calls it cannot look into ({where})"
         ": they ran as on this CPU, so these runs cannot show them diverge. A tf.function "
@@ -647,16 +632,13 @@ def _xla_random_note(rec: Recording) -> str:
     counter of the process that every run advances (TensorFlow warns "Using
     tf.random.uniform with XLA compilation will ignore seeds"), so check()'s runs move it on
     and the steps after check() draw other numbers than they would have without it."""
-    found: dict[str, set[str]] = {}
-    for op in rec.ops.values():
-        if op.function != "xla":
-            continue
-        for t in op.attrs.get("ops_inside", []):
-            if t.endswith(("(random)", "(unseeded)")):
-                found.setdefault(_call_name(op), set()).add(t.split("(")[0])
-    if not found:
+
+    def random(t: str) -> str | None:
+        return t.split("(")[0] if t.endswith(("(random)", "(unseeded)")) else None
+
+    where = _inside_calls(rec, ("xla",), random)
+    if not where:
         return ""
-    where = "; ".join(f"{', '.join(sorted(v))} in {k}" for k, v in sorted(found.items()))
     return (
         f"Stateful random ops run inside XLA-compiled functions ({where}). XLA ignores their "
         "seeds and draws from a counter of the process that every call advances: check() "
@@ -664,6 +646,21 @@ def _xla_random_note(rec: Recording) -> str:
         "would have without it. Use stateless random ops (tf.random.stateless_uniform, "
         "keras.random with a SeedGenerator) or a tf.random.Generator in compiled functions."
     )
+
+
+def _inside_calls(
+    rec: Recording, functions: Collection[str], pick: Callable[[str], str | None]
+) -> str:
+    """ "A, B in f; C in g": the op types ``pick`` keeps (of what ``ops_inside`` lists) inside
+    the calls of ``rec`` whose kind is one of ``functions``, by the call's name ("" if none)."""
+    found: dict[str, set[str]] = {}
+    for op in rec.ops.values():
+        if op.function not in functions:
+            continue
+        kept = {p for p in map(pick, op.attrs.get("ops_inside", [])) if p}
+        if kept:
+            found.setdefault(_call_name(op), set()).update(kept)
+    return "; ".join(f"{', '.join(sorted(v))} in {k}" for k, v in sorted(found.items()))
 
 
 def _call_name(op: Any) -> str:

@@ -158,6 +158,12 @@ RANDOM_OPS = (
 )
 
 
+def seeded_random(op: OpInfo) -> bool:
+    """Whether ``op`` is one of :data:`RANDOM_OPS` given a seed (its own, or one derived from
+    the global seed): its kernel draws a seeded stream, not numbers seeded at random."""
+    return op.op_type in RANDOM_OPS and bool(op.attrs.get("seed", 0) or op.attrs.get("seed2", 0))
+
+
 @dataclass
 class OpInfo:
     """A traced op: one per eager op execution site or graph node (static facts)."""

@@ -343,7 +343,10 @@ class RandomStreams:
         from tensorflow.python.eager import context
         from tensorflow.python.ops import stateful_random_ops
 
-        self.given = set()
+        # The op seeds check()'s own stream gave out (see set_apart): an eager random op
+        # whose seed2 is one of them took it from the global seed and left the user's kernels
+        # alone; one with another seed2 has a seed= of its own.
+        self.given: set[int] = set()
         self.python = random.getstate()
         self.numpy = np.random.get_state()
         ctx = context.context()
@@ -378,11 +381,6 @@ class RandomStreams:
         if self._tf_rng is None:  # no global seed: eager ops draw no op seeds at all
             return rng is None
         return isinstance(rng, _LoggedSeeds) and rng._streams is self
-
-    #: The op seeds check()'s own stream gave out (see :meth:`set_apart`): an eager random
-    #: op whose seed2 is one of them took it from the global seed, and left the user's
-    #: kernels alone; one with another seed2 has a seed= of its own.
-    given: set[int]
 
     def restore(self) -> None:
         from tensorflow.python.eager import context

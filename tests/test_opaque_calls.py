@@ -199,6 +199,21 @@ def test_a_savedmodel_call_is_compared_or_said_not_compared(tmp_path) -> None:
     assert not report.ok and report.sources.iloc[0].kind == "random", str(report)
 
 
+class _DropoutTrainer(tf.Module):
+    """A module to save: one linear layer trained through a dropout (``seed=None``: none)."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self.w = tf.Variable(tf.random.stateless_normal([6, 1], seed=[1, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6]), tf.TensorSpec([None, 1])])
+    def train(self, x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((tf.nn.dropout(x, 0.3, seed=self.seed) @ self.w - y) ** 2)
+        self.w.assign_sub(0.1 * tape.gradient(loss, self.w))
+        return loss
+
+
 def test_a_loaded_function_that_differs_inside_is_named_as_unseen_not_python_side(
     tmp_path,
 ) -> None:
@@ -210,18 +225,7 @@ def test_a_loaded_function_that_differs_inside_is_named_as_unseen_not_python_sid
     graph eagerly: that call is the source, compared at its boundary with the variables it
     writes, and the random op inside it is why."""
 
-    class Module(tf.Module):
-        def __init__(self) -> None:
-            self.w = tf.Variable(tf.random.stateless_normal([6, 1], seed=[1, 2]))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 6]), tf.TensorSpec([None, 1])])
-        def train(self, x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((tf.nn.dropout(x, 0.3) @ self.w - y) ** 2)
-            self.w.assign_sub(0.1 * tape.gradient(loss, self.w))
-            return loss
-
-    tf.saved_model.save(Module(), str(tmp_path))
+    tf.saved_model.save(_DropoutTrainer(seed=None), str(tmp_path))
     loaded = tf.saved_model.load(str(tmp_path))
     x = tf.constant(np.random.RandomState(0).randn(16, 6).astype("float32"))
     report = nddebug.check(loaded.train, x, tf.ones([16, 1]), state=loaded, repeats=3)
@@ -240,19 +244,8 @@ def test_check_of_a_loaded_function_compares_what_it_writes(tmp_path) -> None:
     "not everything compared" every time (probe round 30, F8). With seeded dropout inside, it
     is reproducible, and the weights after check() are one plain step's."""
 
-    class Module(tf.Module):
-        def __init__(self) -> None:
-            self.w = tf.Variable(tf.random.stateless_normal([6, 1], seed=[1, 2]))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 6]), tf.TensorSpec([None, 1])])
-        def train(self, x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((tf.nn.dropout(x, 0.3, seed=1) @ self.w - y) ** 2)
-            self.w.assign_sub(0.1 * tape.gradient(loss, self.w))
-            return loss
-
     tf.random.set_seed(0)
-    tf.saved_model.save(Module(), str(tmp_path))
+    tf.saved_model.save(_DropoutTrainer(seed=1), str(tmp_path))
     x = tf.constant(np.random.RandomState(0).randn(16, 6).astype("float32"))
     y = tf.ones([16, 1])
     plain = tf.saved_model.load(str(tmp_path))

@@ -120,7 +120,7 @@ class FreshCopies:
 
     def name_for(self, ctx: Any, name: Any) -> Any:
         """The name to call for ``name`` in this run: a copy's where its tree holds seeded
-        seeded random ops, else ``name`` (same type, bytes or str)."""
+        random ops, else ``name`` (same type, bytes or str)."""
         text = ops.as_str(name)
         if text in _ORIGINAL:
             return name

@@ -367,10 +367,10 @@ class PreCallHook:
         if threading.get_ident() != rec.thread:
             # Another thread's call: not this block's, and kept out of it.
             return rec.foreign_call(run, ops.as_str(name))
-        if rec.fresh is not None and not busy():
-            # check()'s run: seeded stateful random ops draw from fresh kernels (tracer.fresh).
-            called = rec.fresh.name_for(ctx, name)
         if not busy():
+            if rec.fresh is not None:
+                # check()'s run: seeded random ops draw from fresh kernels (tracer.fresh).
+                called = rec.fresh.name_for(ctx, name)
             fname = ops.as_str(name)
             if function_kind(fname) == "instrumented":
                 out = rec.own_call(lambda: optimized_sums.call_and_check(fname, run))

@@ -79,8 +79,8 @@ class Recorder:
         # With rerun: the only op keys (without their "#n" suffix) that are re-executed; None
         # for all (check() confirms a suspect op this way, the rest of the step runs as usual).
         self.rerun_only: set[str] | None = None
-        # check()'s runs: this thread's eager calls of functions holding seeded legacy random
-        # ops go to fresh copies of them (see tracer.fresh); None: to the functions called.
+        # check()'s runs: this thread's eager calls of functions holding seeded random ops go
+        # to fresh copies of them (see tracer.fresh); None: to the functions called.
         self.fresh: fresh.FreshCopies | None = None
         # Opaque calls' variables are read before each call by this hook.
         self.pre_call = opaque.PreCallHook(self)
