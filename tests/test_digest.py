@@ -145,11 +145,23 @@ def test_static_shape_paths_match_numpy(name, n):
         assert pairs(graph_digests(t)) == [ref, ref]
 
 
-def test_device_digests_of_several_tensors_in_one_call_match_numpy():
+@pytest.mark.parametrize("native_op", [True, False], ids=["native op", "TF ops"])
+def test_device_digests_of_several_tensors_in_one_call_match_numpy(native_op, monkeypatch):
     # What the tracer runs for an op's tensors on a GPU (tracer.eager.device_digests): one
-    # call digesting them all, one [n, 2] result. Here on the CPU, the same TF ops.
+    # call digesting them all, one [n, 2] result: the native NddebugDigest op where the
+    # library runs on the device, else TF ops. Here both, on the CPU.
+    from nddebug import native
     from nddebug.tracer.eager import device_digests
 
+    if native_op:
+        assert native.load() is not None, native.problem()
+
+        def no_tf_ops(*args):
+            raise AssertionError("the TF-op digests ran where the native op has a kernel")
+
+        monkeypatch.setattr(dg, "eager_digests_fn", no_tf_ops)
+    else:
+        monkeypatch.setenv(native.ENV, "0")
     arrays = [random_array(*p.values) for p in _cases(static=True)[:40]]
     tensors = [tf.constant(a) for a in arrays]
     got = device_digests("/CPU:0", tensors)
