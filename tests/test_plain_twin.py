@@ -319,3 +319,37 @@ def test_an_instrumented_graph_is_freed_with_its_function() -> None:
     del f
     gc.collect()
     assert graph() is None
+
+
+def test_a_graph_tensorflow_keeps_does_not_keep_the_block_s_recording() -> None:
+    """TensorFlow keeps the graph of a function that applies a Keras optimizer's gradients for
+    the life of the process, plain or traced. A record nddebug left pending in such a graph
+    (an intermediate grappler may fuse with its reader, never read by another op) held the
+    block's recorder in its closure, and with it the block's whole recording: a DeterminismCheck
+    kept every check's events."""
+    import gc
+    import weakref
+
+    import keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    optimizer = keras.optimizers.Adam()
+    x = tf.ones([16, 8])
+
+    @tf.function
+    def step(a):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(a) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    with nddebug.trace() as recording:
+        step(x)
+    assert recording.events
+    graph = weakref.ref(step.get_concrete_function(x).graph)
+    kept = weakref.ref(recording)
+    del recording, step
+    gc.collect()
+    assert graph() is not None, "premise: TensorFlow keeps this graph (Keras's optimizer)"
+    assert kept() is None, "the graph kept the block's recording alive"

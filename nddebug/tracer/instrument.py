@@ -1713,6 +1713,11 @@ def instrument_op(
         )
     if not readable_out and not readable_in and not payload:
         return None
+    # Decided now, not read from the recorder when the record is made: a Deferred never made
+    # lives as long as its graph (TensorFlow keeps a traced function's graph for the life of
+    # the process), and a closure over the recorder kept every block's recording with it
+    # (a DeterminismCheck's process grew by its checks' events).
+    capture_outputs = bool(rec.capture and key in rec.capture and not payload)
 
     def emit() -> tuple[Any, Any]:
         """Make the op that records this op's executions: it, and the first output's digest."""
@@ -1726,7 +1731,7 @@ def instrument_op(
             outs = [digest_in_graph(graph, t) for t in out_tensors]
             sent = [d for d in outs if d is not None]
         captured = payload
-        if rec.capture and key in rec.capture and not payload:
+        if capture_outputs:
             captured = [t for t, d in zip(out_tensors, outs, strict=False) if d is not None]
         sender = transport.send(
             op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
