@@ -114,10 +114,40 @@ def _iterator_note(report: Report, carried: dict[str, str], passed: bool) -> str
     )
 
 
+def _reuse_key(mode: str, k: int, emulate_gpu: bool, seed: int | None) -> tuple:
+    """What the instrumented copy of a step depends on besides the step itself (see
+    :func:`_fresh`): how its graphs were instrumented (the mode and its re-executions, GPU
+    emulation's masks), the op seeds its random ops took when traced (``seed``, the global
+    seed) and the kernels TensorFlow made for it (op determinism is read when a kernel is
+    made). A copy made under other settings is traced again."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import config
+
+    return (
+        mode,
+        k,
+        bool(emulate_gpu),
+        seed,
+        config.is_op_determinism_enabled(),
+        context.global_seed(),
+    )
+
+
 def _fresh(
-    fn: Callable[..., Any], warnings: list[str], args: Any = (), kwargs: Any = None
+    fn: Callable[..., Any],
+    warnings: list[str],
+    args: Any = (),
+    kwargs: Any = None,
+    reuse: tuple | None = None,
 ) -> Callable[..., Any]:
     """A tf.function traced before check() runs an uninstrumented graph: retrace a copy.
+
+    With ``reuse`` (:func:`_reuse_key`), the copy an earlier check of ``fn`` made with the
+    same settings and kept (:func:`_keep_copy`) is taken again: instrumented at its first call
+    then, it is not traced again. A copy per check cost a whole trace, instrumentation and
+    optimization each time, and TensorFlow keeps the graph of a function that applies a
+    Keras optimizer's gradients for the life of the process, so a process that checked every
+    few steps grew by an instrumented train function per check.
 
     Not a function restored from a SavedModel: its Python function only calls the restored
     graphs, so a copy traced in the block held one call op, which TensorFlow runs inside the
@@ -144,12 +174,27 @@ def _fresh(
             "XLA (jit_compile=True) was switched off for the checked function, so that its ops "
             "are recorded one by one (XLA clusters cannot hold nddebug's host callbacks)."
         )
+    kept = getattr(fn, st.REUSE_ATTR, None) if reuse is not None else None
+    if kept is not None and kept[0] == reuse:
+        return kept[1]
     return tf.function(
         fn.python_function,
         input_signature=fn.input_signature,
         reduce_retracing=getattr(fn, "_reduce_retracing", False),
         jit_compile=False,
     )
+
+
+def _keep_copy(fn: Callable[..., Any], copy: Callable[..., Any], reuse: tuple) -> None:
+    """Keep ``copy`` on ``fn`` for the next check of it with the same settings (see
+    :func:`_fresh`), once its warm-up has run: on the function, not in a WeakKeyDictionary,
+    whose values would hold their keys alive through the step's closures."""
+    if copy is fn:
+        return
+    try:
+        setattr(fn, st.REUSE_ATTR, (reuse, copy))
+    except (AttributeError, TypeError):  # a function that takes no attributes: traced anew
+        pass
 
 
 #: check() keeps the events of at most this many repeats that differ from one another (each
@@ -237,11 +282,14 @@ def check(
 
     A first, traced warm-up run builds (and instruments) the step's graphs and creates the
     variables a first call creates, such as optimizer slots; it is not compared, because it
-    runs one-time ops the others do not. Before every compared repeat the variables of
-    ``state`` and those created by the warm-up are restored, and with ``seed`` the Python,
-    NumPy, TensorFlow and Keras seeds are set. If ops diverge and ``quantify`` is set, two
-    more runs capture the full values of the divergent ops to measure how far apart they are
-    (up to :data:`MAX_CAPTURES` while a source's divergence does not recur in them).
+    runs one-time ops the others do not. The instrumented copy of a ``tf.function`` step, and
+    the train functions Keras builds for models in ``state``, are kept for the next check of
+    the same step with the same settings (see :func:`_fresh`), which does not trace them
+    again. Before every compared repeat the variables of ``state`` and those created by the
+    warm-up are restored, and with ``seed`` the Python, NumPy, TensorFlow and Keras seeds are
+    set. If ops diverge and ``quantify`` is set, two more runs capture the full values of the
+    divergent ops to measure how far apart they are (up to :data:`MAX_CAPTURES` while a
+    source's divergence does not recur in them).
     With ``path`` each compared run is appended to that file as soon as it ends.
 
     With ``mode="rerun"`` the step runs once, traced with ``trace(rerun=rerun)``: every
@@ -328,14 +376,20 @@ def check(
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)
         return rec
 
-    def compared(step: Callable[..., Any], retrace: Callable[[], Callable[..., Any]]) -> Report:
+    def compared(
+        step: Callable[..., Any],
+        retrace: Callable[[], Callable[..., Any]],
+        warmed_up: Callable[[], None] = lambda: None,
+    ) -> Report:
         """Warm up, run the compared repeats (or the one rerun step) and, if ops diverged,
-        measure them on two capture runs of a freshly traced ``retrace()``."""
+        measure them on two capture runs of a freshly traced ``retrace()``. ``warmed_up`` is
+        called once the warm-up has run (and instrumented the step's graphs)."""
         runs: list[Recording] = []
         from tensorflow.python.framework import ops as tf_ops
 
         first_new_id = tf_ops.uid()
         warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
+        warmed_up()
         # Repeats that read on from such an iterator see other batches, and say so below.
         moved = (
             ""
@@ -466,7 +520,10 @@ def check(
                     as_compiled = compared(fn, lambda: fn)
                 as_compiled.program = "as compiled (XLA)"
             if as_compiled is None or not as_compiled.ok:
-                with st.fresh_keras_functions(models, warnings):
+                # The step's instrumented copy (and the Keras functions it builds) is made
+                # once for all checks of it with these settings (see _fresh).
+                reuse = _reuse_key(mode, k, emulate_gpu, seed)
+                with st.fresh_keras_functions(models, warnings, reuse) as own:
 
                     def retrace() -> Callable[..., Any]:
                         # Retrace, so that the graphs hand the chosen outputs' values to the
@@ -474,7 +531,13 @@ def check(
                         st.reset_keras_functions(models)
                         return _fresh(fn, [], args, kwargs)
 
-                    report = compared(_fresh(fn, warnings, args, kwargs), retrace)
+                    first = _fresh(fn, warnings, args, kwargs, reuse)
+
+                    def warmed_up() -> None:
+                        _keep_copy(fn, first, reuse)
+                        st.keep_keras_functions(own, reuse)
+
+                    report = compared(first, retrace, warmed_up)
                 if as_compiled is not None:
                     report.program = "XLA off"
                     report.as_compiled = as_compiled

@@ -274,16 +274,29 @@ def set_seeds(seed: int) -> None:
         pass
 
 
+#: Where check() keeps, on the model itself, the functions Keras built while checking it (see
+#: fresh_keras_functions): on the model, not in a WeakKeyDictionary, whose values (functions
+#: closing over the model) would keep their key alive.
+REUSE_ATTR = "_nddebug_checked"
+_KERAS_FUNCTIONS = ("train_function", "test_function", "predict_function")
+
+
 @contextlib.contextmanager
-def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[None]:
+def fresh_keras_functions(
+    models: list[Any], warnings: list[str], reuse: Any = None
+) -> Iterator[list[tuple[Any, dict[str, Any]]]]:
     """Make Keras rebuild its train/test/predict functions inside the trace (so they are
     instrumented), without XLA (which cannot hold host callbacks), and put the user's
-    functions and settings back afterwards. ``reset_keras_functions`` rebuilds them again."""
+    functions and settings back afterwards. ``reset_keras_functions`` rebuilds them again.
+
+    With ``reuse`` (check()'s settings), the functions an earlier check with the same settings
+    built (:func:`keep_keras_functions`) are put back instead, where the model's own
+    functions are still the ones they were built beside (a ``compile()`` since makes new
+    ones): instrumented already, they are not traced again. Yields each model with its own
+    functions, for :func:`keep_keras_functions`."""
     saved = []
     for m in models:
-        attrs = {
-            a: getattr(m, a, None) for a in ("train_function", "test_function", "predict_function")
-        }
+        attrs = {a: getattr(m, a, None) for a in _KERAS_FUNCTIONS}
         jit = getattr(m, "jit_compile", None)
         saved.append((m, attrs, jit))
         if jit:
@@ -292,8 +305,18 @@ def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[No
                 "checking: XLA-compiled steps are checked as a whole only."
             )
     reset_keras_functions(models)
+    if reuse is not None:
+        for m, attrs, _ in saved:
+            kept = getattr(m, REUSE_ATTR, None)
+            if (
+                kept is not None
+                and kept[0] == reuse
+                and all(attrs[a] is kept[1].get(a) for a in _KERAS_FUNCTIONS)
+            ):
+                for a, fn in kept[2].items():
+                    setattr(m, a, fn)
     try:
-        yield
+        yield [(m, attrs) for m, attrs, _ in saved]
     finally:
         for m, attrs, jit in saved:
             for a, v in attrs.items():
@@ -306,16 +329,7 @@ def fresh_keras_functions(models: list[Any], warnings: list[str]) -> Iterator[No
 def keras_functions_kept(models: list[Any]) -> Iterator[None]:
     """Run with the models' own train/test/predict functions and settings (XLA included), and
     put them back afterwards: a function Keras builds while checking is not left behind."""
-    saved = [
-        (
-            m,
-            {
-                a: getattr(m, a, None)
-                for a in ("train_function", "test_function", "predict_function")
-            },
-        )
-        for m in models
-    ]
+    saved = [(m, {a: getattr(m, a, None) for a in _KERAS_FUNCTIONS}) for m in models]
     try:
         yield
     finally:
@@ -324,9 +338,21 @@ def keras_functions_kept(models: list[Any]) -> Iterator[None]:
                 setattr(m, a, v)
 
 
+def keep_keras_functions(saved: list[tuple[Any, dict[str, Any]]], reuse: Any) -> None:
+    """After a check's warm-up, keep on each model the functions Keras built (instrumented
+    at their first call, in the warm-up) for the next check with the same settings ``reuse``,
+    beside the model's own functions they stand in for (see :func:`fresh_keras_functions`)."""
+    for m, own in saved:
+        built = {a: getattr(m, a, None) for a in _KERAS_FUNCTIONS}
+        try:
+            object.__setattr__(m, REUSE_ATTR, (reuse, own, built))
+        except (AttributeError, TypeError):  # a model that takes no attributes: rebuilt
+            pass
+
+
 def reset_keras_functions(models: list[Any]) -> None:
     for m in models:
-        for a in ("train_function", "test_function", "predict_function"):
+        for a in _KERAS_FUNCTIONS:
             if hasattr(m, a):
                 setattr(m, a, None)
         if getattr(m, "jit_compile", False):

@@ -148,6 +148,26 @@ def graph_key(graph: Any) -> str:
 BITS_DEPEND_ON_FORWARDING = frozenset({"AddN"})
 
 
+#: Per-graph cache entry: what instrumenting the graph said (see :func:`say`).
+_NOTES = "<notes>"
+
+
+def say(rec: Any, graph: Any, message: str) -> None:
+    """A warning found while instrumenting ``graph``: in the block's recording, and kept for
+    the graph's function, whose every call in a later block says it again (see
+    :func:`graph_notes`; a graph is instrumented once, in the first block that traces it, and
+    check() calls the copy it made in an earlier check)."""
+    ops.warn_once(rec.recording, message)
+    notes = REGISTRY.graph_cache(graph).setdefault(_NOTES, [])
+    if message not in notes:
+        notes.append(message)
+
+
+def graph_notes(graph: Any) -> list[str]:
+    """What instrumenting ``graph`` said (see :func:`say`)."""
+    return list(REGISTRY.graph_cache(graph).get(_NOTES, ()))
+
+
 class Deferred:
     """An op whose output grappler may rewrite together with its one consumer (a sum chain,
     x / sqrt(y), a contraction and its bias and activation: ``data/rewrites.toml``). A digest
@@ -1267,8 +1287,9 @@ def _pipeline(rec: Any, graph: Any, info: OpInfo, op: Any, inputs: Any, outputs:
             # Said, not "not compared": what the function does reaches the step only through
             # what it returns and the variables it writes, which are compared where the step
             # reads them (and check() compares its state= after the step).
-            ops.warn_once(
-                rec.recording,
+            say(
+                rec,
+                graph,
                 f"{info.op_type}{where} runs a tf.data function that writes variables "
                 f"({', '.join(writes[:4])}): the body of a `for ... in dataset` loop inside a "
                 "tf.function (or a Dataset.map/scan/reduce function). tf.data runs it where "
@@ -1704,8 +1725,9 @@ def instrument_op(
         # A call to an XLA function (traced in the block or not) is said once for all by the
         # recording's XLA warning; a call TensorFlow added without op callbacks is caught up.
         writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs)
-        ops.warn_once(
-            rec.recording,
+        say(
+            rec,
+            graph,
             (NOT_COMPARED if writes else "")
             + f"graph {graph.name} calls function {callee}, traced before nddebug.trace(): "
             "its inner ops are not recorded, only its outputs"

@@ -268,7 +268,11 @@ class Recorder:
         else:
             REGISTRY.instrumented_functions.add(name)
             graph = getattr(function, "graph", None)
-            spots = opaque.blind_spots(graph) if graph is not None else []
+            spots = (
+                [*opaque.blind_spots(graph), *instrument.graph_notes(graph)]
+                if graph is not None
+                else []
+            )
             if spots:
                 REGISTRY.blind_spots[name] = spots
             xla = opaque.xla_called(graph) if graph is not None else set()

@@ -1,0 +1,133 @@
+"""check() traces and instruments a step once for all its checks with the same settings.
+
+A copy per check cost a whole trace, instrumentation and optimization each time, and
+TensorFlow keeps the graph of a function that applies a Keras optimizer's gradients for the
+life of the process: a DeterminismCheck every step grew a small MLP's process by ~5.7 MB per
+check. What the copy was made under (GPU emulation, op determinism, seeds, the model's own
+functions) still gets a copy of its own, and what instrumenting said is said in every check.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+from nddebug.keras import DeterminismCheck
+
+pytestmark = pytest.mark.usefixtures("cpu_facts")
+
+
+class _Counted(keras.Sequential):
+    """Counts how often Keras traces its train step (once per train function it builds)."""
+
+    traces = 0
+
+    def train_step(self, data):
+        type(self).traces += 1
+        return super().train_step(data)
+
+
+def _model(optimizer: str = "adam") -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = _Counted(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)],
+        name="counted",
+    )
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _data(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.random((n, 8), dtype=np.float32), rng.integers(0, 3, n)
+
+
+def test_a_determinism_check_every_step_traces_the_train_step_once() -> None:
+    def traces_of_fit(batches: int) -> int:
+        x, y = _data(8 * batches)
+        model = _model()
+        _Counted.traces = 0
+        callback = DeterminismCheck(every_n_steps=1, repeats=2, on_failure="raise")
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+        assert len(callback.reports) == batches and all(r.ok for r in callback.reports)
+        assert all(r.summary["ops_traced"] > 20 for r in callback.reports)  # ops compared
+        return _Counted.traces
+
+    # As many traces for eight checks as for two (it was one more per check).
+    assert traces_of_fit(8) == traces_of_fit(2)
+
+
+def test_a_recompiled_model_is_checked_with_its_new_train_function() -> None:
+    x, y = _data(16)
+    model = _model()
+    callback = DeterminismCheck(every_n_steps=1, repeats=2, on_failure="raise")
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    _Counted.traces = 0
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    again = _Counted.traces
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _Counted.traces = 0
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    # compile() made new functions: the checks' copy is traced again with fit's own.
+    assert _Counted.traces > again, (_Counted.traces, again)
+    assert len(callback.reports) == 6 and all(r.ok for r in callback.reports)
+
+
+def _segment_step():
+    """A step whose segment sum is a GPU culprit (atomics), deterministic on the CPU."""
+    rng = np.random.default_rng(1)
+    data = tf.constant(rng.standard_normal(4096).astype(np.float32))
+    ids = tf.constant(np.sort(rng.integers(0, 4, 4096)).astype(np.int32))
+
+    @tf.function
+    def step():
+        return tf.math.unsorted_segment_sum(data, ids, 4)
+
+    return step
+
+
+def test_a_copy_made_without_emulation_is_not_taken_for_an_emulated_check() -> None:
+    step = _segment_step()
+    assert nddebug.check(step, repeats=2, confirm=0).ok  # deterministic on the CPU
+    emulated = nddebug.check(step, repeats=3, emulate_gpu=True, confirm=0)
+    assert not emulated.ok
+    assert "UnsortedSegmentSum" in set(emulated.culprits["op_type"]), emulated
+    again = nddebug.check(step, repeats=2, confirm=0)
+    assert again.ok
+
+
+def test_a_checked_function_is_instrumented_once_and_compared_each_time() -> None:
+    traced = []
+
+    @tf.function
+    def step(a):
+        traced.append(1)
+        return tf.reduce_sum(tf.matmul(a, a))
+
+    a = tf.ones([4, 4])
+    reports = [nddebug.check(step, a, repeats=2) for _ in range(3)]
+    assert all(r.ok and r.summary["ops_traced"] >= 2 for r in reports)
+    # The user's own trace (check()'s last, ordinary step) and check()'s one copy.
+    assert len(traced) == 2, len(traced)
+
+
+def test_what_instrumenting_said_is_said_in_every_check() -> None:
+    @tf.function
+    def helper(a):
+        return a * 2.0
+
+    a = tf.ones([4])
+    helper(a)  # traced before any block: its ops cannot be recorded
+
+    @tf.function
+    def step(b):
+        return helper(b) + 1.0
+
+    first = nddebug.check(step, a, repeats=2)
+    second = nddebug.check(step, a, repeats=2)
+    said = [w for w in first.warnings if "traced before nddebug.trace()" in w]
+    assert said, first.warnings
+    assert said[0] in second.warnings, second.warnings
