@@ -76,6 +76,9 @@ class OpFinding:
     unmeasured: str = ""  # why a source has no magnitudes although capture runs were made
     # Every execution of the op that differed (or ran in some runs only), sources or not.
     divergent_units: list[Unit] = field(default_factory=list)
+    # A read or update of a variable whose every divergent execution came after a divergent
+    # update of it: the difference reached it through the variable, not through its inputs.
+    after_write: bool = False
 
 
 @dataclass
@@ -515,11 +518,12 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
             )
         )
     replicas.demote_collectives(findings, recordings, per_run_units)
-    _state_propagation(findings, run_seqs)
+    flow = digest_flow(findings, per_run_units)
+    _state_propagation(findings, run_seqs, flow)
     _fused_chains(findings)
     _arguments_from_callers(findings)
     _loops_and_branches_carry(findings)
-    _entry_point(findings)
+    _entry_point(findings, flow)
     if any(f.role == "source" and not _call_like(f.op) for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
         for f in findings:
@@ -629,7 +633,89 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     )
 
 
-def _state_propagation(findings: list[OpFinding], run_seqs: list[dict[Unit, int]]) -> None:
+def digest_flow(
+    findings: list[OpFinding], per_run_units: list[dict[Unit, Event]]
+) -> dict[str, set[str]]:
+    """Per finding, the findings whose differing outputs its first divergent execution read,
+    by digest: a value that differs between runs, output by one finding's execution and among
+    another's recorded inputs in the same run, went from the one to the other. (A value equal
+    in every run links nothing: it could have come from anywhere.) Graph ops record on
+    parallel threads, so the order their records arrive in (``first_seq``) need not be the
+    order the value went in: an iterator's element arrived after the Relu that read it, and
+    the Relu was named where the difference entered TensorFlow. Only the first divergent
+    execution counts: in a training loop a later step reads what the first one's update
+    made, which links every op of the step to the update it led to."""
+    by_key = {f.key: f for f in findings}
+    # Per run, per differing value: the findings that output it, with the first call they did.
+    producers: list[dict[tuple, dict[str, int]]] = [defaultdict(dict) for _ in per_run_units]
+    for f in findings:
+        for u in f.divergent_units:
+            outs = [pu[u].digests if u in pu else None for pu in per_run_units]
+            for i in range(max((len(o) for o in outs if o is not None), default=0)):
+                values = [
+                    tuple(o[i]) if o is not None and i < len(o) and o[i] is not None else None
+                    for o in outs
+                ]
+                if len(set(values)) < 2:
+                    continue
+                for r, v in enumerate(values):
+                    if v is not None:
+                        made = producers[r][v]
+                        made[f.key] = min(made.get(f.key, u[0]), u[0])
+    upstream: dict[str, set[str]] = {}
+    for g in findings:
+        found: set[str] = set()
+        if g.divergent_units:
+            u = min(g.divergent_units, key=lambda x: (x[0], x[2]))
+            for r, pu in enumerate(per_run_units):
+                ev = pu.get(u)
+                for d in (ev.inputs or ()) if ev is not None else ():
+                    if d is None:
+                        continue
+                    for key, call in producers[r].get(tuple(d), {}).items():
+                        # Not from a later top-level call (calls run in order; within one,
+                        # records arrive as threads decide), nor a read of the variable ``g``
+                        # writes: it outputs the value ``g`` wrote, it did not make it.
+                        later = call > u[0] >= 0
+                        if not later and not _reads_what_it_wrote(by_key[key], g):
+                            found.add(key)
+        found.discard(g.key)
+        upstream[g.key] = found
+    return upstream
+
+
+def _reads_what_it_wrote(reader: OpFinding, writer: OpFinding) -> bool:
+    """Whether ``reader`` reads the state ``writer`` writes (so the value it outputs is one
+    ``writer`` put there)."""
+    return bool(
+        reader.op.resource
+        and reader.op.resource == writer.op.resource
+        and reader.op.op_type in STATE_READERS
+        and writer.op.op_type not in STATE_READERS
+    )
+
+
+def downstream(key: str, flow: dict[str, set[str]]) -> set[str]:
+    """The findings a difference in finding ``key`` reached (see :func:`digest_flow`)."""
+    readers: dict[str, set[str]] = defaultdict(set)
+    for g, ups in flow.items():
+        for f in ups:
+            readers[f].add(g)
+    seen: set[str] = set()
+    todo = [key]
+    while todo:
+        for g in readers.get(todo.pop(), ()):
+            if g not in seen and g != key:
+                seen.add(g)
+                todo.append(g)
+    return seen
+
+
+def _state_propagation(
+    findings: list[OpFinding],
+    run_seqs: list[dict[Unit, int]],
+    flow: dict[str, set[str]] | None = None,
+) -> None:
     """Divergence also flows through variables (and other state behind a resource handle:
     tables, queues, iterators) and function calls:
     - a read or an update that follows a divergent update of the same variable differs
@@ -678,15 +764,9 @@ def _state_propagation(findings: list[OpFinding], run_seqs: list[dict[Unit, int]
     steps = [f for f in findings if f.op.op_type == "Step"]
     first_step = min(steps, key=lambda f: f.first_seq) if steps else None
     for f in findings:
-        if f.role != "source":
+        if f.role != "source" or CONTAINER_OPS.match(f.op.op_type):
             continue
-        if CONTAINER_OPS.match(f.op.op_type) and explained_elsewhere(f, findings):
-            # A TensorList, TensorArray or Optional hands on what was put into it: its
-            # handle (a variant, or a TF1 TensorArray's resource) cannot be digested, so
-            # "identical inputs" only means its other inputs (an index, a shape) were; the
-            # source is what filled it.
-            f.role = "propagated"
-        elif f.op.resource and f.op.op_type != "VariableState":
+        if f.op.resource and f.op.op_type != "VariableState":
             # A read of a variable, or an update of it (its output is the value after the
             # update), after a divergent update of it: what the variable held before
             # differed, which its recorded inputs do not show. Only executions that no such
@@ -694,6 +774,9 @@ def _state_propagation(findings: list[OpFinding], run_seqs: list[dict[Unit, int]
             first = [u for u in f.units if not written_before(f, u)]
             if not first:
                 f.role = "propagated"
+                # Only where its first divergent execution too came after such an update
+                # (an update whose own inputs differed first is where the difference went in).
+                f.after_write = all(written_before(f, u) for u in f.divergent_units or f.units)
                 f.units = f.divergent_units or f.units  # what a propagated finding lists
                 f.first_seq = min(ref_seq.get(u, 1 << 62) for u in f.units)
             elif len(first) < len(f.units):
@@ -715,6 +798,18 @@ def _state_propagation(findings: list[OpFinding], run_seqs: list[dict[Unit, int]
             if any(g is not f and g.op.op_type not in PSEUDO_OPS for g in findings):
                 f.role = "propagated"
         elif f.op.op_type == "VariableState" and explained:
+            f.role = "propagated"
+    # After the reads above: a read that a divergent update explains explains no container.
+    for f in findings:
+        if (
+            f.role == "source"
+            and CONTAINER_OPS.match(f.op.op_type)
+            and explained_elsewhere(f, findings, flow)
+        ):
+            # A TensorList, TensorArray or Optional hands on what was put into it: its
+            # handle (a variant, or a TF1 TensorArray's resource) cannot be digested, so
+            # "identical inputs" only means its other inputs (an index, a shape) were; the
+            # source is what filled it.
             f.role = "propagated"
 
 
@@ -741,14 +836,21 @@ def _fused_chains(findings: list[OpFinding]) -> None:
             f.role = "propagated"
 
 
-def explained_elsewhere(f: OpFinding, findings: list[OpFinding]) -> bool:
+def explained_elsewhere(
+    f: OpFinding, findings: list[OpFinding], flow: dict[str, set[str]] | None = None
+) -> bool:
     """Whether another op, not a container op, diverged at or before ``f``'s first divergent
-    execution: something that could have put the difference into the container."""
+    execution: something that could have put the difference into the container. Not an op
+    that read what the container handed on (``flow``, :func:`digest_flow`): its record can
+    arrive first, and the container was demoted in favour of its own reader."""
+    after = downstream(f.key, flow) if flow else set()
     return any(
         g is not f
         and g.role in ("source", "propagated")
         and not CONTAINER_OPS.match(g.op.op_type)
         and g.first_seq <= f.first_seq
+        and g.key not in after
+        and not g.after_write
         for g in findings
     )
 
@@ -786,13 +888,16 @@ def _loops_and_branches_carry(findings: list[OpFinding]) -> None:
             f.uncompared_inputs = True
 
 
-def _entry_point(findings: list[OpFinding]) -> None:
+def _entry_point(findings: list[OpFinding], flow: dict[str, set[str]] | None = None) -> None:
     """Divergent ops but no source: the difference entered TensorFlow from outside (Python or
     NumPy values, files, iteration order that depends on PYTHONHASHSEED). The first op it
-    reached is where to look."""
+    reached is where to look: the first in arrival order among those that read no differing
+    value from another finding (``flow``, :func:`digest_flow`)."""
     if not findings or any(f.role in ("source", "control flow") for f in findings):
         return
-    first = min(findings, key=lambda f: f.first_seq)
+    keys = {f.key for f in findings}
+    roots = [f for f in findings if not f.after_write and not (flow or {}).get(f.key, set()) & keys]
+    first = min(roots or findings, key=lambda f: f.first_seq)
     first.role = "source"
     first.entered = True
 

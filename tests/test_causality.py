@@ -1,0 +1,103 @@
+"""Causality by digest: where a difference started is found by the values ops passed on, not by
+the order their records arrived in (graph ops record on parallel threads).
+
+Probe round 32, F1: a Keras ``fit`` on ``Dataset.from_generator`` whose generator varied from
+batch 17 on named, in 3 of 6 ``nddebug run`` comparisons, a ``Relu`` as the op where the
+difference entered TensorFlow, and in the other 3 the ``OptionalGetValue`` that handed out the
+batch: whichever record arrived first. These recordings are built by hand, with the records in
+the order that misled the analysis, so the passes are tested alone and deterministically.
+"""
+
+from __future__ import annotations
+
+from nddebug.analysis import align, compare_recordings, digest_flow, downstream
+from nddebug.recording import Event, OpInfo, Recording
+
+_OPS = {
+    # op id: (op type, resource it acts on)
+    0: ("OptionalGetValue", ""),  # hands out the pipeline's element (its input: a variant)
+    1: ("Relu", ""),  # reads the element (a fused MatMul + BiasAdd + Relu records its input)
+    2: ("AssignVariableOp", "eager:7"),  # the update the element's gradient makes
+    3: ("ReadVariableOp", "eager:7"),  # a later read of that variable
+    4: ("MatMul", ""),  # an op the difference never reached
+}
+
+
+def _run(element: int, order: list[int]) -> Recording:
+    """One run: the element differs between runs by ``element``; events arrive in ``order``."""
+    rec = Recording(label=f"run {element}", digest_algorithm="x", kind="run")
+    for op_id, (op_type, resource) in _OPS.items():
+        rec.ops[op_id] = OpInfo(
+            op_id=op_id,
+            key=f"f/{op_type}",
+            op_type=op_type,
+            op_name=op_type,
+            graph="f",
+            device="/device:CPU:0",
+            location="train.py:9 (main)",
+            dtypes=["float32"],
+            shapes=[[4]],
+            digestible=[True],
+            resource=resource,
+        )
+    a, b, w = (10 + element, 1), (20 + element, 1), (30 + element, 1)
+    made = {
+        0: ([a], []),
+        1: ([b], [a]),
+        2: ([w], [b]),
+        3: ([w], []),
+        4: ([(5, 5)], [(4, 4)]),
+    }
+    for seq, op_id in enumerate(order):
+        digests, inputs = made[op_id]
+        rec.events.append(Event(seq, op_id, -1, digests, inputs))
+    return rec
+
+
+def test_the_value_flow_links_each_finding_to_what_it_read() -> None:
+    order = [0, 1, 2, 3, 4]
+    runs = [_run(0, order), _run(1, order)]
+    findings = compare_recordings(runs).findings
+    per_run_units, _ = align(runs)
+    flow = digest_flow(findings, per_run_units)
+    assert flow["f/Relu"] == {"f/OptionalGetValue"}
+    assert flow["f/AssignVariableOp"] == {"f/Relu"}
+    assert flow["f/OptionalGetValue"] == set()
+    assert downstream("f/OptionalGetValue", flow) == {"f/Relu", "f/AssignVariableOp"}
+
+
+def test_an_element_recorded_after_its_readers_is_still_where_the_difference_started() -> None:
+    # The update and the read after it arrive first, the element last: arrival order named
+    # the update as where the difference entered TensorFlow.
+    late = [2, 3, 1, 0, 4]
+    report = compare_recordings([_run(0, late), _run(1, late)])
+    roles = {f.op.op_type: f.role for f in report.findings}
+    assert roles["OptionalGetValue"] == "source", roles
+    assert {roles["Relu"], roles["AssignVariableOp"], roles["ReadVariableOp"]} == {"propagated"}
+    assert "MatMul" not in roles  # it did not differ
+    # In arrival order as the analysis expected it, the same answer.
+    early = [0, 1, 2, 3, 4]
+    report = compare_recordings([_run(0, early), _run(1, early)])
+    assert {f.op.op_type for f in report.findings if f.role == "source"} == {"OptionalGetValue"}
+
+
+def test_with_no_source_the_entry_point_is_the_first_op_that_read_nothing_differing() -> None:
+    # The element is a plain graph op here (no container, no source test can hold: its input
+    # differs too, as a Python value fed in would): the entry point is the op the others read
+    # from, not the update whose record came first.
+    late = [2, 3, 1, 0, 4]
+    runs = []
+    for element in (0, 1):
+        rec = _run(element, late)
+        rec.ops[0].op_type = "Cast"
+        rec.ops[0].key = "f/Cast"
+        for ev in rec.events:
+            if ev.op_id == 0:
+                ev.inputs = [(99 + element, 1)]  # what came in from Python differed
+        runs.append(rec)
+    report = compare_recordings(runs)
+    sources = [f for f in report.findings if f.role == "source"]
+    assert [f.op.op_type for f in sources] == ["Cast"], [
+        (f.op.op_type, f.role) for f in report.findings
+    ]
+    assert sources[0].entered
