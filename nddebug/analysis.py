@@ -523,6 +523,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     _fused_chains(findings)
     _arguments_from_callers(findings)
     _loops_and_branches_carry(findings)
+    _steps_after_other_steps(findings, recordings)
     _entry_point(findings, flow)
     if any(f.role == "source" and not _call_like(f.op) for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
@@ -646,42 +647,55 @@ def digest_flow(
     execution counts: in a training loop a later step reads what the first one's update
     made, which links every op of the step to the update it led to."""
     by_key = {f.key: f for f in findings}
-    # Per run, per differing value: the findings that output it, with the first call they did.
+    # What each finding's first divergent execution read that differed between the runs: the
+    # values worth looking for among the producers (a value equal in every run, a constant,
+    # an axis, an empty tensor's (0, 0), links nothing).
+    first: dict[str, Unit] = {}
+    wanted: list[dict[tuple, list[str]]] = [defaultdict(list) for _ in per_run_units]
+    for g in findings:
+        own = [u for u in g.divergent_units if u[0] >= 0] or g.divergent_units
+        if not own:
+            continue
+        u = first[g.key] = min(own, key=lambda x: (x[0], x[2]))
+        for r, v in _differing_slots([pu[u].inputs if u in pu else None for pu in per_run_units]):
+            wanted[r][v].append(g.key)
+    # Per run, per wanted value: the findings that output it, with the first call they did.
     producers: list[dict[tuple, dict[str, int]]] = [defaultdict(dict) for _ in per_run_units]
     for f in findings:
         for u in f.divergent_units:
             outs = [pu[u].digests if u in pu else None for pu in per_run_units]
-            for i in range(max((len(o) for o in outs if o is not None), default=0)):
-                values = [
-                    tuple(o[i]) if o is not None and i < len(o) and o[i] is not None else None
-                    for o in outs
-                ]
-                if len(set(values)) < 2:
-                    continue
-                for r, v in enumerate(values):
-                    if v is not None:
-                        made = producers[r][v]
-                        made[f.key] = min(made.get(f.key, u[0]), u[0])
-    upstream: dict[str, set[str]] = {}
-    for g in findings:
-        found: set[str] = set()
-        if g.divergent_units:
-            u = min(g.divergent_units, key=lambda x: (x[0], x[2]))
-            for r, pu in enumerate(per_run_units):
-                ev = pu.get(u)
-                for d in (ev.inputs or ()) if ev is not None else ():
-                    if d is None:
-                        continue
-                    for key, call in producers[r].get(tuple(d), {}).items():
-                        # Not from a later top-level call (calls run in order; within one,
-                        # records arrive as threads decide), nor a read of the variable ``g``
-                        # writes: it outputs the value ``g`` wrote, it did not make it.
-                        later = call > u[0] >= 0
-                        if not later and not _reads_what_it_wrote(by_key[key], g):
-                            found.add(key)
-        found.discard(g.key)
-        upstream[g.key] = found
+            for r, v in _differing_slots(outs):
+                if v in wanted[r]:
+                    made = producers[r][v]
+                    made[f.key] = min(made.get(f.key, u[0]), u[0])
+    upstream: dict[str, set[str]] = {g.key: set() for g in findings}
+    for r, values in enumerate(wanted):
+        for v, readers in values.items():
+            for key, call in producers[r].get(v, {}).items():
+                for g in readers:
+                    # Not from a later top-level call (calls run in order; within one, records
+                    # arrive as threads decide), nor a read of the variable ``g`` writes: it
+                    # outputs the value ``g`` wrote, it did not make it.
+                    later = call > first[g][0] >= 0
+                    if key != g and not later and not _reads_what_it_wrote(by_key[key], by_key[g]):
+                        upstream[g].add(key)
     return upstream
+
+
+def _differing_slots(per_run: list[Any]) -> list[tuple[int, tuple]]:
+    """(run, digest) of every slot of a list of digests (per run; None where the run lacks
+    it) whose value differs between the runs that have it."""
+    found = []
+    for i in range(max((len(d) for d in per_run if d is not None), default=0)):
+        values = [
+            tuple(d[i]) if d is not None and i < len(d) and d[i] is not None else None
+            for d in per_run
+        ]
+        present = {v for v in values if v is not None}
+        if len(present) < 2:
+            continue
+        found += [(r, v) for r, v in enumerate(values) if v is not None and v != (0, 0)]
+    return found
 
 
 def _reads_what_it_wrote(reader: OpFinding, writer: OpFinding) -> bool:
@@ -840,15 +854,17 @@ def explained_elsewhere(
     f: OpFinding, findings: list[OpFinding], flow: dict[str, set[str]] | None = None
 ) -> bool:
     """Whether another op, not a container op, diverged at or before ``f``'s first divergent
-    execution: something that could have put the difference into the container. Not an op
-    that read what the container handed on (``flow``, :func:`digest_flow`): its record can
-    arrive first, and the container was demoted in favour of its own reader."""
+    execution, or is a source: something that could have put the difference into the
+    container. Not an op that read what the container handed on (``flow``,
+    :func:`digest_flow`): its record can arrive first, and the container was demoted in favour
+    of its own reader."""
     after = downstream(f.key, flow) if flow else set()
     return any(
         g is not f
         and g.role in ("source", "propagated")
         and not CONTAINER_OPS.match(g.op.op_type)
-        and g.first_seq <= f.first_seq
+        # A source (inputs equal, outputs not) whose record came later counts too.
+        and (g.first_seq <= f.first_seq or g.role == "source")
         and g.key not in after
         and not g.after_write
         for g in findings
@@ -886,6 +902,27 @@ def _loops_and_branches_carry(findings: list[OpFinding]) -> None:
         if f.role == "source" and f.op.op_type in LOOPS_AND_BRANCHES and f.op.graph != TF1_GRAPH:
             f.role = "propagated"
             f.uncompared_inputs = True
+
+
+def _steps_after_other_steps(findings: list[OpFinding], recordings: list[Recording]) -> None:
+    """Runs recorded with ``trace(detail="steps")`` that made different numbers of steps (an
+    early stop, a time budget): the eager ops after each run's last call fold into one last
+    step with no call, and those last steps are matched with each other though one follows
+    47 steps and the other 49. What they hold differs because the runs did, not by itself:
+    it only carries the difference, and the runs part at the first step only some made (a
+    control-flow difference). It was named a source at step 47, and "steps 1 to 46 agree"."""
+    trailing = [
+        f
+        for f in findings
+        if f.role == "source" and f.op.op_type == "Step" and not f.op.attrs.get("callee")
+    ]
+    if not trailing:
+        return
+    from nddebug.timeline import step_calls
+
+    if len({len(step_calls(r)) for r in recordings}) > 1:  # counted as reports count steps
+        for f in trailing:
+            f.role = "propagated"
 
 
 def _entry_point(findings: list[OpFinding], flow: dict[str, set[str]] | None = None) -> None:

@@ -36,8 +36,14 @@ class FirstDivergence:
     key: str
     location: str
     role: str  # the op's role in the comparison: source, propagated or control flow
-    index: int  # 0-based position of the execution among the reference run's executions
+    index: int  # 0-based position of the execution among the executions of run ``run``
     explanation: str = ""
+    # The run ``index`` counts in: 0, the reference, unless only a later run made the op (a
+    # step that one run made and the reference did not).
+    run: int = 0
+    # Each run's number of steps, where they differ (an early stop, a time budget): the
+    # reference's count alone read "step 48 of 47".
+    steps_per_run: list[int] | None = None
 
     def sentence(self) -> str:
         """:meth:`describe` as a sentence of its own."""
@@ -49,6 +55,9 @@ class FirstDivergence:
         where = f"{self.op_type} ({self.location or self.op_name or self.key})"
         if self.step is None:
             at = f"at op execution {self.index + 1}"
+        elif self.steps_per_run:
+            made = ", ".join(f"run {i + 1}: {n}" for i, n in enumerate(self.steps_per_run))
+            at = f"at step {self.step} (the runs made different numbers of steps: {made})"
         else:
             at = f"at step {self.step} of {self.steps}"
         role = "control-flow difference" if self.role == "control flow" else self.role
@@ -76,8 +85,13 @@ class Window:
         """A first divergence found in the window, placed in the whole run."""
         if fd is None:
             return None
+        # The window's runs hold one call each: their step counts say nothing of the runs'.
         return dataclasses.replace(
-            fd, step=self.step, steps=self.steps, index=self.first_index + fd.index
+            fd,
+            step=self.step,
+            steps=self.steps,
+            index=self.first_index + fd.index,
+            steps_per_run=None,
         )
 
 
@@ -173,6 +187,7 @@ def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstD
     if run:
         index = next(i for i, ev in enumerate(rec.events) if ev.seq == seq)
     steps = step_calls(rec)
+    counts = [len(step_calls(r)) for r in recordings]
     return FirstDivergence(
         step=step_of(steps, rec.events[index].call),
         steps=len(step_calls(ref)),
@@ -183,6 +198,8 @@ def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstD
         role=f.role,
         index=index,
         explanation=f.explanation,
+        run=run,
+        steps_per_run=counts if len(set(counts)) > 1 else None,
     )
 
 

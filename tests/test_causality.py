@@ -101,3 +101,37 @@ def test_with_no_source_the_entry_point_is_the_first_op_that_read_nothing_differ
         (f.op.op_type, f.role) for f in report.findings
     ]
     assert sources[0].entered
+
+
+def test_a_value_equal_in_every_run_links_nothing() -> None:
+    """A constant the source reads happens to have the digest of what a later op output in
+    one run (a digest covers bytes only: every empty tensor is (0, 0), a 4-byte zero is int32
+    0 and float32 0.0). Linked through it, the source looked downstream of that op, and the
+    container in between was kept as a second source."""
+    kinds = {0: "Sum", 1: "TensorListSetItem", 2: "TensorListGetItem", 3: "Relu"}
+    runs = []
+    for element in (0, 1):
+        rec = Recording(label=f"run {element}", digest_algorithm="x", kind="run")
+        for op_id, op_type in kinds.items():
+            rec.ops[op_id] = OpInfo(
+                op_id=op_id,
+                key=f"f/{op_type}",
+                op_type=op_type,
+                op_name=op_type,
+                graph="f",
+                device="/device:CPU:0",
+                location="train.py:9 (main)",
+                dtypes=["float32"],
+                shapes=[[4]],
+                digestible=[True],
+            )
+        s, g = (40 + element, 1), (50 + element, 1)
+        relu = (7, 7) if element == 0 else (9, 9)
+        made = {0: ([s], [(7, 7)]), 1: ([], [s]), 2: ([g], []), 3: ([relu], [g])}
+        for seq, op_id in enumerate([3, 2, 0, 1]):  # the reader's record first
+            digests, inputs = made[op_id]
+            rec.events.append(Event(seq, op_id, -1, digests, inputs))
+        runs.append(rec)
+    roles = {f.op.op_type: f.role for f in compare_recordings(runs).findings}
+    assert roles["Sum"] == "source", roles
+    assert roles["TensorListGetItem"] == "propagated", roles

@@ -70,7 +70,7 @@ def test_first_divergence_names_the_step_and_the_op() -> None:
     assert fd is not None and fd.step == 137 and fd.steps == 200
     assert fd.op_type == "MatMul" and fd.role == "source"
     assert "test_long_runs.py" in fd.location
-    text = str(report)
+    text = " ".join(str(report).split())  # as wrapped for the location's length
     assert "first part at step 137 of 200" in text and "Steps 1 to 136 agree" in text
     # Everything after it only propagated: no variable read of a later step is a source.
     assert set(report.sources["op_type"]) == {"MatMul"}
@@ -292,6 +292,68 @@ def test_nddebug_run_bisect_says_when_the_divergence_did_not_recur(tmp_path: Any
     first, _, second = proc.stdout.partition("=== --bisect: step 41")
     assert "first part at step 41 of 60" in first, proc.stdout
     assert "reproducible" in second and "does not happen in every run" in second, second
+
+
+def test_nddebug_run_bisect_on_runs_that_make_different_numbers_of_steps(tmp_path: Any) -> None:
+    """The first process stops after 47 steps, the others after 49 (an early stop, a time
+    budget): each step is deterministic. --bisect counted the step to record in the reference
+    run with a position in the other one, recorded step 47 in full, found it equal in both
+    and blamed a race (probe round 32, F3). It now says the runs made different numbers of
+    steps, and records nothing in full."""
+    proc = _bisect(
+        tmp_path,
+        _PER_PROCESS_LOOP.replace("if k == 41:", "if k > stop:\n            break\n        if 0:")
+        .replace("with nddebug.trace():", "stop = _stop()\nwith nddebug.trace():")
+        .replace(
+            "import random\n",
+            "import os, random\n\n\n"
+            "def _stop():\n"
+            "    try:\n"
+            "        os.close(os.open('marker', os.O_CREAT | os.O_EXCL))\n"
+            "        return 47\n"
+            "    except FileExistsError:\n"
+            "        return 49\n",
+        ),
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    first, _, second = proc.stdout.partition("=== --bisect: trace block 1 ===")
+    assert "first part at step 48" in " ".join(first.split()), proc.stdout
+    said = " ".join(second.split())
+    assert "made different numbers of steps: run 1: 47, run 2: 49" in said, proc.stdout
+    assert "does not happen in every run" not in proc.stdout
+    assert "recorded in full in 2 fresh runs" not in proc.stdout
+
+
+@pytest.mark.parametrize("detail", ["ops", "steps"])
+def test_runs_of_different_lengths_part_at_the_first_step_one_did_not_make(detail: str) -> None:
+    """Each step deterministic, one run stopping after 47 steps and the other after 49, with
+    an eager read after every step (logging). Per-step digests matched the ops after each
+    run's last call with each other: a source at step 47, "steps 1 to 46 agree"; recorded in
+    full it was a control-flow difference at step 48 (probe round 32, F4). And "step 48 of
+    47" read as a bug (F5)."""
+    w = tf.Variable(tf.ones([8, 1]))
+
+    @tf.function
+    def step(x):
+        w.assign_sub(0.01 * tf.matmul(x, w, transpose_a=True))
+        return tf.reduce_sum(w)
+
+    def run(stop: int) -> Any:
+        w.assign(tf.ones([8, 1]))
+        with nddebug.trace(detail=detail) as rec:
+            for i in range(stop):
+                step(tf.fill([8, 8], 0.01 * i))
+                tf.reduce_sum(w)  # read after every step, as logging does
+        return rec
+
+    report = nddebug.compare([run(47), run(49)])
+    fd = report.first_divergence
+    assert (fd.step, fd.role) == (48, "control flow"), fd
+    assert report.sources.empty, str(report)
+    assert fd.steps_per_run == [47, 49]
+    text = " ".join(str(report).split())
+    assert "at step 48 (the runs made different numbers of steps: run 1: 47, run 2: 49)" in text
+    assert "Steps 1 to 47 agree" in text
 
 
 def test_a_long_block_with_a_path_is_written_as_it_runs(tmp_path: Any, monkeypatch: Any) -> None:
