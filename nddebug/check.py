@@ -117,9 +117,10 @@ def _iterator_note(report: Report, carried: dict[str, str], passed: bool) -> str
 def _reuse_key(mode: str, k: int, emulate_gpu: bool, seed: int | None) -> tuple:
     """What the instrumented copy of a step depends on besides the step itself (see
     :func:`_fresh`): how its graphs were instrumented (the mode and its re-executions, GPU
-    emulation's masks), the op seeds its random ops took when traced (``seed``, the global
-    seed) and the kernels TensorFlow made for it (op determinism is read when a kernel is
-    made). A copy made under other settings is traced again."""
+    emulation's masks, the op callbacks active, such as check_numerics), the op seeds its
+    random ops took when traced (``seed``, the global seed) and the kernels TensorFlow made
+    for it (op determinism is read when a kernel is made). A copy made under other settings
+    is traced again."""
     from tensorflow.python.eager import context
     from tensorflow.python.framework import config
 
@@ -130,6 +131,8 @@ def _reuse_key(mode: str, k: int, emulate_gpu: bool, seed: int | None) -> tuple:
         seed,
         config.is_op_determinism_enabled(),
         context.global_seed(),
+        # Other op callbacks rewrite graphs as they are traced too (check_numerics, tfdbg2).
+        tuple(context.context().op_callbacks),
     )
 
 

@@ -312,6 +312,7 @@ def fresh_keras_functions(
                 kept is not None
                 and kept[0] == reuse
                 and all(attrs[a] is kept[1].get(a) for a in _KERAS_FUNCTIONS)
+                and all(x is y for x, y in zip(_compiled(m), kept[3], strict=True))
             ):
                 for a, fn in kept[2].items():
                     setattr(m, a, fn)
@@ -345,9 +346,16 @@ def keep_keras_functions(saved: list[tuple[Any, dict[str, Any]]], reuse: Any) ->
     for m, own in saved:
         built = {a: getattr(m, a, None) for a in _KERAS_FUNCTIONS}
         try:
-            object.__setattr__(m, REUSE_ATTR, (reuse, own, built))
+            object.__setattr__(m, REUSE_ATTR, (reuse, own, built, _compiled(m)))
         except (AttributeError, TypeError):  # a model that takes no attributes: rebuilt
             pass
+
+
+def _compiled(model: Any) -> tuple[Any, Any]:
+    """What ``compile()`` made (its config and the optimizer), by identity: a model whose own
+    functions are None (never built, or reset by a compile since) was otherwise taken for the
+    one an earlier check built functions beside."""
+    return getattr(model, "_compile_config", None), getattr(model, "optimizer", None)
 
 
 def reset_keras_functions(models: list[Any]) -> None:

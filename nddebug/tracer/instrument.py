@@ -158,9 +158,15 @@ def say(rec: Any, graph: Any, message: str) -> None:
     :func:`graph_notes`; a graph is instrumented once, in the first block that traces it, and
     check() calls the copy it made in an earlier check)."""
     ops.warn_once(rec.recording, message)
-    notes = REGISTRY.graph_cache(graph).setdefault(_NOTES, [])
-    if message not in notes:
-        notes.append(message)
+    # Kept for the graph and every graph it is built inside (a tf.cond branch or a loop body
+    # becomes no function of its own: the function around it is what a later block calls).
+    while graph is not None:
+        notes = REGISTRY.graph_cache(graph).setdefault(_NOTES, [])
+        if message not in notes:
+            notes.append(message)
+        graph = getattr(graph, "outer_graph", None)
+        if graph is not None and not getattr(graph, "building_function", False):
+            break  # the eager context's graph: no function
 
 
 def graph_notes(graph: Any) -> list[str]:

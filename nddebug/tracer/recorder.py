@@ -313,9 +313,12 @@ class Recorder:
                         self, op_type, inputs or (), attrs, outputs or (), op_name, graph
                     )
             except Exception as exc:  # noqa: BLE001 - never break the user's program
-                self.recording.warnings.append(
-                    f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
-                )
+                said = f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
+                if graph is not None:
+                    # Said again whenever the function runs in a later block (see say()).
+                    instrument.say(self, graph, said)
+                else:
+                    self.recording.warnings.append(said)
         return _handed_on(outputs)
 
     # ------------------------------------------------------------------ events
