@@ -1278,6 +1278,7 @@ def _read_header(con: sqlite3.Connection, row: tuple) -> Recording:
     environment = _json(env, "the environment")
     if not isinstance(environment, dict):
         raise RowError(f"the environment is JSON {json_kind(environment)}, not an object")
+    environment.pop("row_check", None)  # a check SQLite's JSON functions rewrote: not verified
     rec = Recording(
         label=_text(label, "the label", null=True),
         run_id=run_id,
