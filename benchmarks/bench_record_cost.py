@@ -1,0 +1,123 @@
+"""What one recorded graph op costs ``trace()``, apart from a block's fixed cost.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_record_cost.py [--out FILE]
+
+Two ``tf.function`` chains of ``tf.matmul`` on small matrices (32 x 32 float32; a chain of
+element-wise ops would be fused by grappler, and its intermediates not recorded), one of
+``--short`` ops and one of ``--long`` ops, each timed plain and inside
+``with nddebug.trace():`` (one block per call), interleaved round by round in one process.
+A chain's ops are each one executor step and one tiny kernel, so the time is the host's: what
+an op costs the executor, and what its record adds. The slope between the two lengths
+cancels what every call pays once (the call, entering and leaving a block, the drain):
+
+- ``plain_us_per_op``: (long − short) / (long − short ops), plain;
+- ``traced_us_per_op``: the same, traced;
+- ``record_us_per_op``: their difference, what one recorded op adds.
+
+On a GPU this tells whether ``trace()``'s cost on small steps is the records' host work (one
+more executor step per op) or something paid per call. Results: a line on stdout and
+``benchmarks/results/record_cost[_gpu].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _p in (ROOT, os.path.join(ROOT, "benchmarks")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from _common import RESULTS_DIR, interleave, machine, source_state  # noqa: E402
+
+
+def _chain(n_ops: int):
+    import tensorflow as tf
+
+    w = tf.constant(0.03, shape=[32, 32])
+
+    @tf.function(autograph=False)
+    def chain(x):
+        for _ in range(n_ops):
+            x = tf.matmul(x, w)
+        return x
+
+    return chain
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", type=int, default=50, help="ops in the short chain")
+    parser.add_argument("--long", type=int, default=450, help="ops in the long chain")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--reps", type=int, default=20, help="calls per variant and round")
+    parser.add_argument("--out", default=None, help="JSON results file")
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+
+    import nddebug
+    from nddebug import native
+
+    gpu = bool(tf.config.list_logical_devices("GPU"))
+    x = tf.random.stateless_uniform([32, 32], seed=[1, 2])
+    fns = {}
+    for n in (args.short, args.long):
+        plain, traced = _chain(n), _chain(n)
+        plain(x).numpy()
+        with nddebug.trace():
+            traced(x).numpy()  # instrumented on its first call inside a block
+
+        def run_plain(f=plain):
+            f(x).numpy()
+
+        def run_traced(f=traced):
+            with nddebug.trace():
+                f(x).numpy()
+
+        fns[f"plain {n}"] = (run_plain, 1, args.reps)
+        fns[f"trace() {n}"] = (run_traced, 1, args.reps)
+    samples = interleave(fns, args.rounds)
+    med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}  # µs per call
+    span = args.long - args.short
+    plain_us = (med[f"plain {args.long}"] - med[f"plain {args.short}"]) / span
+    traced_us = (med[f"trace() {args.long}"] - med[f"trace() {args.short}"]) / span
+    lib = native.load() if native.enabled() else None
+    result = {
+        "benchmark": "record_cost",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "device": "GPU" if gpu else "CPU",
+        "native": str(lib.path) if lib is not None else None,
+        "native_gpu": bool(lib is not None and lib.gpu),
+        "source": source_state(),
+        "ops": [args.short, args.long],
+        "median_us_per_call": med,
+        "plain_us_per_op": plain_us,
+        "traced_us_per_op": traced_us,
+        "record_us_per_op": traced_us - plain_us,
+        "fixed_us_per_traced_call": med[f"trace() {args.short}"]
+        - med[f"plain {args.short}"]
+        - args.short * (traced_us - plain_us),
+    }
+    out = args.out or os.path.join(RESULTS_DIR, f"record_cost{'_gpu' if gpu else ''}.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print(
+        f"{result['device']}: an op costs {plain_us:.1f} µs plain, {traced_us:.1f} µs traced "
+        f"(+{traced_us - plain_us:.1f} µs per record); a traced call's fixed cost "
+        f"{result['fixed_us_per_traced_call']:.0f} µs"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
