@@ -23,23 +23,28 @@ _OPS = {
 }
 
 
+def _op(op_id: int, op_type: str, resource: str = "") -> OpInfo:
+    """A graph op of function ``f`` with one float output."""
+    return OpInfo(
+        op_id=op_id,
+        key=f"f/{op_type}",
+        op_type=op_type,
+        op_name=op_type,
+        graph="f",
+        device="/device:CPU:0",
+        location="train.py:9 (main)",
+        dtypes=["float32"],
+        shapes=[[4]],
+        digestible=[True],
+        resource=resource,
+    )
+
+
 def _run(element: int, order: list[int]) -> Recording:
     """One run: the element differs between runs by ``element``; events arrive in ``order``."""
     rec = Recording(label=f"run {element}", digest_algorithm="x", kind="run")
     for op_id, (op_type, resource) in _OPS.items():
-        rec.ops[op_id] = OpInfo(
-            op_id=op_id,
-            key=f"f/{op_type}",
-            op_type=op_type,
-            op_name=op_type,
-            graph="f",
-            device="/device:CPU:0",
-            location="train.py:9 (main)",
-            dtypes=["float32"],
-            shapes=[[4]],
-            digestible=[True],
-            resource=resource,
-        )
+        rec.ops[op_id] = _op(op_id, op_type, resource)
     a, b, w = (10 + element, 1), (20 + element, 1), (30 + element, 1)
     made = {
         0: ([a], []),
@@ -113,18 +118,7 @@ def test_a_value_equal_in_every_run_links_nothing() -> None:
     for element in (0, 1):
         rec = Recording(label=f"run {element}", digest_algorithm="x", kind="run")
         for op_id, op_type in kinds.items():
-            rec.ops[op_id] = OpInfo(
-                op_id=op_id,
-                key=f"f/{op_type}",
-                op_type=op_type,
-                op_name=op_type,
-                graph="f",
-                device="/device:CPU:0",
-                location="train.py:9 (main)",
-                dtypes=["float32"],
-                shapes=[[4]],
-                digestible=[True],
-            )
+            rec.ops[op_id] = _op(op_id, op_type)
         s, g = (40 + element, 1), (50 + element, 1)
         relu = (7, 7) if element == 0 else (9, 9)
         made = {0: ([s], [(7, 7)]), 1: ([], [s]), 2: ([g], []), 3: ([relu], [g])}
