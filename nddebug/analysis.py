@@ -659,6 +659,9 @@ def digest_flow(
         u = first[g.key] = min(own, key=lambda x: (x[0], x[2]))
         for r, v in _differing_slots([pu[u].inputs if u in pu else None for pu in per_run_units]):
             wanted[r][v].append(g.key)
+    upstream: dict[str, set[str]] = {g.key: set() for g in findings}
+    if not any(wanted):
+        return upstream  # nothing read a differing value: no links
     # Per run, per wanted value: the findings that output it, with the first call they did.
     producers: list[dict[tuple, dict[str, int]]] = [defaultdict(dict) for _ in per_run_units]
     for f in findings:
@@ -668,7 +671,6 @@ def digest_flow(
                 if v in wanted[r]:
                     made = producers[r][v]
                     made[f.key] = min(made.get(f.key, u[0]), u[0])
-    upstream: dict[str, set[str]] = {g.key: set() for g in findings}
     for r, values in enumerate(wanted):
         for v, readers in values.items():
             for key, call in producers[r].get(v, {}).items():
@@ -711,10 +713,19 @@ def _reads_what_it_wrote(reader: OpFinding, writer: OpFinding) -> bool:
 
 def downstream(key: str, flow: dict[str, set[str]]) -> set[str]:
     """The findings a difference in finding ``key`` reached (see :func:`digest_flow`)."""
+    return _reached(key, _readers(flow))
+
+
+def _readers(flow: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``flow`` turned around: per finding, the findings that read from it."""
     readers: dict[str, set[str]] = defaultdict(set)
     for g, ups in flow.items():
         for f in ups:
             readers[f].add(g)
+    return readers
+
+
+def _reached(key: str, readers: dict[str, set[str]]) -> set[str]:
     seen: set[str] = set()
     todo = [key]
     while todo:
@@ -814,11 +825,12 @@ def _state_propagation(
         elif f.op.op_type == "VariableState" and explained:
             f.role = "propagated"
     # After the reads above: a read that a divergent update explains explains no container.
+    readers = _readers(flow or {})
     for f in findings:
         if (
             f.role == "source"
             and CONTAINER_OPS.match(f.op.op_type)
-            and explained_elsewhere(f, findings, flow)
+            and explained_elsewhere(f, findings, _reached(f.key, readers))
         ):
             # A TensorList, TensorArray or Optional hands on what was put into it: its
             # handle (a variant, or a TF1 TensorArray's resource) cannot be digested, so
@@ -851,14 +863,13 @@ def _fused_chains(findings: list[OpFinding]) -> None:
 
 
 def explained_elsewhere(
-    f: OpFinding, findings: list[OpFinding], flow: dict[str, set[str]] | None = None
+    f: OpFinding, findings: list[OpFinding], after: set[str] = frozenset()
 ) -> bool:
     """Whether another op, not a container op, diverged at or before ``f``'s first divergent
     execution, or is a source: something that could have put the difference into the
-    container. Not an op that read what the container handed on (``flow``,
-    :func:`digest_flow`): its record can arrive first, and the container was demoted in favour
-    of its own reader."""
-    after = downstream(f.key, flow) if flow else set()
+    container. Not an op that read what the container handed on (``after``, the findings
+    :func:`downstream` of it): its record can arrive first, and the container was demoted in
+    favour of its own reader."""
     return any(
         g is not f
         and g.role in ("source", "propagated")

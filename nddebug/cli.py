@@ -522,13 +522,15 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
         first = compare([run[0][b] for run in per_run]).first_divergence
         if first is None or first.step is None:
             continue
-        made = sum(1 for run in per_run if b < len(run[0]) and _steps(run[0][b]) >= first.step)
-        if first.steps_per_run and made < len(per_run):
+        counts = first.steps_per_run or []
+        made = sum(1 for n in counts if n >= first.step)
+        if counts and made < len(counts):
             # A step that some runs made and others did not: nothing to record in full in a
             # run that never gets there, and two runs that part this way part every time.
             _say(
                 f"\n=== --bisect: trace block {b + 1} ===\nThe runs made different numbers of "
-                f"steps: {_step_counts(per_run, b)}. They agree up to step {first.step - 1} "
+                f"steps: {', '.join(f'run {i + 1}: {n}' for i, n in enumerate(counts))}. "
+                f"They agree up to step {first.step - 1} "
                 f"and part at step {first.step}, which only {made} of {len(per_run)} runs "
                 "made: what decided when to stop (an early-stopping condition, a time or "
                 "step budget, a data loader's length) differed between the runs, not the "
@@ -574,21 +576,6 @@ def _bisect(args: argparse.Namespace, extra: dict[str, str], per_run: list[Any])
             )
         status = max(status, OK if report.ok else FOUND)
     return status
-
-
-def _steps(rec: Any) -> int:
-    """How many steps a run's block made (as reports count them)."""
-    from nddebug.timeline import step_calls
-
-    return len(step_calls(rec))
-
-
-def _step_counts(per_run: list[Any], b: int) -> str:
-    """Each run's number of steps in block ``b``, as "run 1: 47, run 2: 49"."""
-    return ", ".join(
-        f"run {i + 1}: {_steps(run[0][b]) if b < len(run[0]) else 0}"
-        for i, run in enumerate(per_run)
-    )
 
 
 def _through_step(rec: Any, k: int) -> int:

@@ -187,10 +187,10 @@ def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstD
     if run:
         index = next(i for i, ev in enumerate(rec.events) if ev.seq == seq)
     steps = step_calls(rec)
-    counts = [len(step_calls(r)) for r in recordings]
+    counts = [len(steps) if r is rec else len(step_calls(r)) for r in recordings]
     return FirstDivergence(
         step=step_of(steps, rec.events[index].call),
-        steps=len(step_calls(ref)),
+        steps=counts[0],
         op_type=f.op.op_type,
         op_name=f.op.op_name,
         key=f.key,

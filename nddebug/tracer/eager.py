@@ -7,6 +7,7 @@ events that arrived while it ran are attributed to it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -100,17 +101,13 @@ def _native_device(device: str) -> bool:
     return "CPU" in kind or "GPU" in kind
 
 
-_GATE: list[Any] = []
-
-
+@functools.cache
 def _open_gate() -> Any:
     """The host int32 1 that switches NddebugDigest on, made once."""
-    if not _GATE:
-        import tensorflow as tf
+    import tensorflow as tf
 
-        with tf.device("/CPU:0"):
-            _GATE.append(tf.constant(1, tf.int32))
-    return _GATE[0]
+    with tf.device("/CPU:0"):
+        return tf.constant(1, tf.int32)
 
 
 def input_form(inputs: Any, attrs: Any = ()) -> dg.Digest:
