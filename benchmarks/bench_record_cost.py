@@ -14,7 +14,13 @@ cancels what every call pays once (the call, entering and leaving a block, the d
 
 - ``plain_us_per_op``: (long − short) / (long − short ops), plain;
 - ``traced_us_per_op``: the same, traced;
-- ``record_us_per_op``: their difference, what one recorded op adds.
+- ``record_us_per_op``: their difference, what one recorded op adds;
+- ``inert_record_us_per_op``: the same with the native records switched off inside the block
+  (their ops run, allocate their outputs and return: no digest kernel, no row): what the
+  executor's extra step per op costs;
+- ``python_us_per_row``: the Python work of turning one drained row into an event
+  (``Recorder._take``). What is left of ``record_us_per_op`` is the native op's own work
+  (digest kernel, its launch on a GPU, the row).
 
 On a GPU this tells whether ``trace()``'s cost on small steps is the records' host work (one
 more executor step per op) or something paid per call. Results: a line on stdout and
@@ -53,6 +59,29 @@ def _chain(n_ops: int):
     return chain
 
 
+def _python_us_per_row(run_traced, calls: int) -> float:
+    """The Python time per drained row: ``transport.rows`` wrapped, so that what the
+    recorder does with each row (between two yields) is timed with it."""
+    from nddebug.tracer import transport
+
+    spent, rows, original = [0.0], [0], transport.rows
+
+    def timed(flat):
+        t0 = time.perf_counter()
+        for row in original(flat):
+            rows[0] += 1
+            yield row
+        spent[0] += time.perf_counter() - t0
+
+    transport.rows = timed
+    try:
+        for _ in range(calls):
+            run_traced()
+    finally:
+        transport.rows = original
+    return spent[0] / max(rows[0], 1) * 1e6
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", type=int, default=50, help="ops in the short chain")
@@ -68,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     from nddebug import native
 
     gpu = bool(tf.config.list_logical_devices("GPU"))
+    lib = native.load() if native.enabled() else None
     x = tf.random.stateless_uniform([32, 32], seed=[1, 2])
     fns = {}
     for n in (args.short, args.long):
@@ -83,14 +113,27 @@ def main(argv: list[str] | None = None) -> dict:
             with nddebug.trace():
                 f(x).numpy()
 
+        def run_inert(f=traced):
+            with nddebug.trace():
+                lib.set_active(False)  # the records' kernels return at once, no row
+                try:
+                    f(x).numpy()
+                finally:
+                    lib.set_active(True)
+
         fns[f"plain {n}"] = (run_plain, 1, args.reps)
         fns[f"trace() {n}"] = (run_traced, 1, args.reps)
+        if lib is not None:
+            fns[f"inert {n}"] = (run_inert, 1, args.reps)
     samples = interleave(fns, args.rounds)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}  # µs per call
     span = args.long - args.short
     plain_us = (med[f"plain {args.long}"] - med[f"plain {args.short}"]) / span
     traced_us = (med[f"trace() {args.long}"] - med[f"trace() {args.short}"]) / span
-    lib = native.load() if native.enabled() else None
+    inert_us = (
+        (med[f"inert {args.long}"] - med[f"inert {args.short}"]) / span if lib is not None else None
+    )
+    row_us = _python_us_per_row(fns[f"trace() {args.long}"][0], args.reps)
     result = {
         "benchmark": "record_cost",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -104,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
         "plain_us_per_op": plain_us,
         "traced_us_per_op": traced_us,
         "record_us_per_op": traced_us - plain_us,
+        "inert_record_us_per_op": inert_us - plain_us if inert_us is not None else None,
+        "python_us_per_row": row_us,
         "fixed_us_per_traced_call": med[f"trace() {args.short}"]
         - med[f"plain {args.short}"]
         - args.short * (traced_us - plain_us),
@@ -116,6 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
         f"(+{traced_us - plain_us:.1f} µs per record); a traced call's fixed cost "
         f"{result['fixed_us_per_traced_call']:.0f} µs"
     )
+    if inert_us is not None:
+        print(
+            f"  a record: executor step {inert_us - plain_us:.1f} µs, Python row {row_us:.1f} µs, "
+            f"native op {traced_us - inert_us - row_us:.1f} µs"
+        )
     return result
 
 

@@ -205,6 +205,17 @@ class OpInfo:
         return new
 
 
+#: A traced function's call op, or its graph: TensorFlow's prefix before the Python name.
+FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
+#: The process-specific number TensorFlow appends to a function's (or a scope's) name.
+UID_SUFFIX = re.compile(r"_\d+$")
+
+
+def function_name(name: str) -> str:
+    """The Python name of a traced function, from its graph's or its call op's name."""
+    return FUNCTION_CALL.sub("", UID_SUFFIX.sub("", name))
+
+
 def step_callee(op: OpInfo) -> str:
     """What a top-level call calls, as steps are counted (:mod:`nddebug.timeline`): its key
     without the line it was called from (``eager:__inference_step@train.py:40 (main)`` ->
@@ -219,9 +230,11 @@ def step_callee(op: OpInfo) -> str:
     return f"{base}{via}{callers}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
-    """One execution of an op: the digests of its outputs (None where unreadable)."""
+    """One execution of an op: the digests of its outputs (None where unreadable). Slotted:
+    a step makes one per op execution (thousands), and a slotted one is made faster and
+    holds no dict."""
 
     seq: int  # order of arrival in the run
     op_id: int

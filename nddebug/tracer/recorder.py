@@ -411,18 +411,21 @@ class Recorder:
         batch: list[Event] = []
         new_ops: dict[int, OpInfo] = {}
         known = self.recording.ops
+        # Bound once: a row's Python work here is a third of what a record costs on the CPU
+        # and of what it costs a GPU's host (benchmarks/bench_record_cost.py).
+        registered, reruns, seq = REGISTRY.ops, REGISTRY.reruns, self._seq
         for op_id, outs, ins in transport.rows(flat):
-            op = REGISTRY.ops.get(op_id)
+            op = registered.get(op_id)
             if op is None:
                 continue
-            if op_id in REGISTRY.reruns:
+            if op_id in reruns:
                 self._add(batch, new_ops)
                 batch, new_ops = [], {}
                 self.on_graph_event(op_id, outs, ins)
                 continue
             mask = op.digestible
             digests = outs if len(outs) == len(mask) else transport.unpack(outs, mask)
-            batch.append(Event(self.next_seq(), op_id, -1, digests, ins))
+            batch.append(Event(next(seq), op_id, -1, digests, ins))
             if op_id not in known:
                 new_ops[op_id] = op
         self._add(batch, new_ops)
