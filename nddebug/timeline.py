@@ -17,12 +17,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from nddebug.recording import Event, OpInfo, Recording, step_callee
+from nddebug.recording import Event, OpInfo, Recording, function_name, step_callee
 
 #: The pseudo-op of a step folded into one digest (nddebug.tracer.steps.STEP_OP).
 STEP_OP = "Step"
 
 SPARK = " ▁▂▃▄▅▆▇█"
+
+#: Step functions whose one call can be more than one training step, and what a call is.
+CALL_IS = {
+    "multi_step_on_iterator": "Keras's train function: steps_per_execution batches a call",
+}
 
 
 @dataclass
@@ -44,6 +49,10 @@ class FirstDivergence:
     # Each run's number of steps, where they differ (an early stop, a time budget): the
     # reference's count alone read "step 48 of 47".
     steps_per_run: list[int] | None = None
+    # The Python name of the function whose calls are the steps ("Session.run" in TF1; ""
+    # where unknown): with Keras's steps_per_execution a call trains several batches, and
+    # "step 5 of 9" counted calls without saying so.
+    step_function: str = ""
 
     def sentence(self) -> str:
         """:meth:`describe` as a sentence of its own."""
@@ -66,6 +75,10 @@ class FirstDivergence:
             text += f": {self.explanation.rstrip('.')}"
         if self.step is not None and self.step > 1:
             text += f". Steps 1 to {self.step - 1} agree bit for bit"
+        if self.step is not None and self.step_function:
+            text += f". A step is one call of {self.step_function}"
+            if self.step_function in CALL_IS:
+                text += f" ({CALL_IS[self.step_function]})"
         return text
 
 
@@ -131,6 +144,21 @@ def steps_among(eager: list[tuple[int, OpInfo | None]]) -> list[int]:
         return folded
     top = max(calls, key=lambda k: (calls[k], -first[k]))
     return [seq for seq, callee in callees if callee == top]
+
+
+def step_function(rec: Recording, steps: list[int]) -> str:
+    """The Python name of the function whose calls are ``rec``'s steps (``steps`` from
+    :func:`step_calls`): "" where there are none or the steps name no call."""
+    if not steps:
+        return ""
+    first = next((ev for ev in rec.events if ev.seq == steps[0]), None)
+    op = rec.ops.get(first.op_id) if first is not None else None
+    if op is None:
+        return ""
+    if op.op_type == STEP_OP:  # a folded step: the key of the call that ended it
+        callee = str(op.attrs.get("callee") or "").split(" via ")[0].removeprefix("eager:")
+        return function_name(callee) if callee else ""
+    return op.op_type if op.op_type == "Session.run" else function_name(op.op_type)
 
 
 def step_of(steps: list[int], call_seq: int) -> int | None:
@@ -200,6 +228,7 @@ def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstD
         explanation=f.explanation,
         run=run,
         steps_per_run=counts if len(set(counts)) > 1 else None,
+        step_function=step_function(rec, steps),
     )
 
 

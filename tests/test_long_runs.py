@@ -72,6 +72,7 @@ def test_first_divergence_names_the_step_and_the_op() -> None:
     assert "test_long_runs.py" in fd.location
     text = " ".join(str(report).split())  # as wrapped for the location's length
     assert "first part at step 137 of 200" in text and "Steps 1 to 136 agree" in text
+    assert fd.step_function == "step" and "A step is one call of step." in text
     # Everything after it only propagated: no variable read of a later step is a source.
     assert set(report.sources["op_type"]) == {"MatMul"}
     reads = report.culprits[report.culprits["op_type"] == "ReadVariableOp"]
@@ -561,6 +562,41 @@ def test_keras_validation_calls_are_not_training_steps() -> None:
         with nddebug.trace(detail=detail) as rec:
             model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x[:16], y[:16]))
         assert len(step_calls(rec)) == 8, detail  # 2 epochs of 4 batches; 2 validations
+
+
+@pytest.mark.parametrize("detail", ["ops", "steps"])
+def test_a_step_of_keras_with_steps_per_execution_is_said_to_be_one_call(detail: str) -> None:
+    """With steps_per_execution=4 a step is one call of Keras's train function, 4 batches:
+    the report said "step 3 of 4" for a difference in batch 9 of 10 and never said what it
+    counted (probe round 32, F6). It names the function, and what a call of it is."""
+
+    def run(noisy_from: int | None) -> Any:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", steps_per_execution=4)
+
+        def batches() -> Any:
+            for k in range(10):
+                x = np.ones((16, 4), np.float32)
+                if noisy_from is not None and k >= noisy_from:
+                    x[:, 0] += 0.5  # a value read from outside TensorFlow that differs
+                yield x, np.zeros((16, 1), np.float32)
+
+        spec = (tf.TensorSpec([16, 4], tf.float32), tf.TensorSpec([16, 1], tf.float32))
+        data = tf.data.Dataset.from_generator(batches, output_signature=spec)
+        with nddebug.trace(detail=detail) as rec:
+            model.fit(data, verbose=0)
+        return rec
+
+    report = nddebug.compare([run(None), run(8)])
+    fd = report.first_divergence
+    # Batch 9 of 10 is in the third call; a fourth found the generator's end (its length is
+    # unknown to Keras), and it is a call too.
+    assert fd is not None and (fd.step, fd.steps) == (3, 4), fd
+    assert fd.step_function == "multi_step_on_iterator"
+    text = " ".join(str(report).split())
+    assert "A step is one call of multi_step_on_iterator (Keras's train function: " in text
+    assert "steps_per_execution batches a call)" in text
 
 
 _EVAL_EVERY_4 = """

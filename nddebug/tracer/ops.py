@@ -8,7 +8,15 @@ import re
 from typing import Any
 
 from nddebug import digest as dg
-from nddebug.recording import CALL_OPS, RERUN_INNER, WRITER, Recording
+from nddebug.recording import (  # noqa: F401 - FUNCTION_CALL, UID_SUFFIX: used from here too
+    CALL_OPS,
+    FUNCTION_CALL,
+    RERUN_INNER,
+    UID_SUFFIX,
+    WRITER,
+    Recording,
+    function_name,
+)
 from nddebug.replicas import COLLECTIVE_OP_TYPES
 
 # Ops whose outputs are their inputs' bytes: not digested again (the digest is over bytes).
@@ -78,25 +86,19 @@ BYTE_MOVERS = frozenset(
 SKIP_OPS = {"NoOp"}
 # WRITER (recording.py): ops that write a resource variable (input 0); the value written is
 # read back and digested.
-FUNCTION_CALL = re.compile(r"^(__inference_|__forward_|__backward_)")
 # Ops that route a resource handle (TF1 control flow, identities): they hand the handle on and
 # neither read nor change the state behind it.
 HANDLE_ROUTING = frozenset(
     {"Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
      "NextIteration", "RefNextIteration", "Identity", "IdentityN", "RefIdentity"}
 )  # fmt: skip
-UID_SUFFIX = re.compile(r"_\d+$")
+# UID_SUFFIX, FUNCTION_CALL and function_name (recording.py): a traced function's name.
 # Name scopes get "_1", "_2" … when a model, layer or function is built again (retrace, a new
 # process, a second model); keys drop them and tell real duplicates apart by creation order.
 # Keras numbers its own names too (a second model's optimizer is "sgd_1"), and TensorFlow then
 # uniquifies the scope ("sgd_1_1"): every trailing number goes, or two identical runs in one
 # process had no op in common and were "NOT reproducible".
 UID_IN_NAME = re.compile(r"(?:_\d+)+(?=/|$)")
-
-
-def function_name(name: str) -> str:
-    """The Python name of a traced function, from its graph's or its call op's name."""
-    return FUNCTION_CALL.sub("", UID_SUFFIX.sub("", name))
 
 
 def callees(node: Any) -> list[str]:
