@@ -7,9 +7,11 @@ import numbers
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from nddebug import knowledge
 from nddebug import state as st
 from nddebug.recording import OPAQUE, PIPELINE_OPS, Recording, seeded_random
 from nddebug.report import Report
+from nddebug.tracer.generators import GeneratorStates
 from nddebug.tracer.ops import WRITER, eager_identity
 
 
@@ -29,20 +31,31 @@ def _may_update_variables(recording: Recording) -> bool:
     return False
 
 
-def unrestored_updates(recording: Recording, variables: list[Any]) -> list[str]:
-    """The ops of ``recording`` that update a variable (known by its eager handle) that none
-    of ``variables`` is, one "op at location" per variable: a custom loop's optimizer slots
-    left out of state= make every repeat start from other values, and a deterministic step
-    look NOT reproducible. A distributed variable counts with each of its components."""
+def held_identities(variables: list[Any]) -> set[str]:
+    """The identities (``OpInfo.resource``) of ``variables``' handles; a distributed
+    variable's with each of its components'."""
     kept = set()
     for v in variables:
         for part in (v, *(getattr(v, "_values", None) or ())):
             handle = getattr(part, "handle", None)
             if getattr(handle, "_id", None) is not None:
                 kept.add(eager_identity(handle))
+    return kept
+
+
+def unrestored_updates(
+    recording: Recording, variables: list[Any], restored: set[str] = frozenset()
+) -> list[str]:
+    """The ops of ``recording`` that update a variable (known by its eager handle) that none
+    of ``variables`` is and check() did not restore otherwise (``restored``: the generators
+    it found), one "op at location" per variable: a custom loop's optimizer slots left out of
+    state= make every repeat start from other values, and a deterministic step look NOT
+    reproducible. A draw from a tf.random.Generator updates its state too."""
+    kept = held_identities(variables) | set(restored)
     missed: dict[str, str] = {}
     for op in recording.ops.values():
-        if op.resource.startswith("eager:") and WRITER.match(op.op_type):
+        updates = WRITER.match(op.op_type) or knowledge.advances_generator(op.op_type)
+        if op.resource.startswith("eager:") and updates:
             if op.resource not in kept:
                 where = f" at {op.location}" if op.location else ""
                 missed.setdefault(op.resource, f"{op.op_name or op.op_type}{where}")
@@ -342,6 +355,9 @@ def check(
     keeper.also(st.keras_global_seed_generator())
     before = keeper.snapshot()
     streams = st.RandomStreams()  # set apart at the start of each run (one_run)
+    # The tf.random.Generators the step draws from that state= does not hold: found as the
+    # runs go, put back with the rest (tracer.generators).
+    generators = GeneratorStates(held_identities(keeper.variables))
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
 
     def one_run(
@@ -351,6 +367,7 @@ def check(
         rerun_only: set[str] | None = None,
     ) -> Recording:
         keeper.restore(before)
+        generators.restore()
         # Every run draws its eager op seeds from the start of check()'s own stream: the same
         # seeds in each run, as fresh processes draw the same ones from the global seed.
         streams.set_apart()
@@ -365,6 +382,7 @@ def check(
                 assert Recorder.active is not None
                 Recorder.active.rerun_only = rerun_only
                 Recorder.active.fresh = copies
+                Recorder.active.generators = generators
                 if capture is not None:
                     Recorder.active.capture = capture
                 returned = step(*args, **kwargs)
@@ -418,7 +436,7 @@ def check(
                 "variables as state= to restore them."
             )
         elif mode == "repeat" and state is not None:
-            missed = unrestored_updates(warm, keeper.variables)
+            missed = unrestored_updates(warm, keeper.variables, generators.identities())
             if missed:
                 more = f" and {len(missed) - 3} more" if len(missed) > 3 else ""
                 warnings.append(
@@ -548,6 +566,7 @@ def check(
                 report = as_compiled
     except BaseException as exc:
         keeper.restore(before)
+        generators.restore()
         streams.restore()
         from nddebug import environment
 
@@ -568,6 +587,7 @@ def check(
 
     report.replay = Replay(fn, args, kwargs, state, repeats, emulate_gpu)
     keeper.restore(before)
+    generators.restore()
     streams.restore()
     if advance:
         if seed is not None:

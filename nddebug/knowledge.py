@@ -81,7 +81,13 @@ _REQUIRED_TEXT = ("api", "mechanism", "fixed_in", "fix")
 _REQUIRED = frozenset({"op_types", "sources", *_ENUMS, *_REQUIRED_TEXT})
 _OPTIONAL_TEXT = ("measured", "topic", "condition", "sources_disagree")
 _OPTIONAL = frozenset(
-    {*_OPTIONAL_TEXT, "measured_gpu", "integer_outputs_exact", "deterministic_kernel"}
+    {
+        *_OPTIONAL_TEXT,
+        "measured_gpu",
+        "integer_outputs_exact",
+        "deterministic_kernel",
+        "advances_generator",
+    }
 )
 _TOP_LEVEL = frozenset({"schema_version", "sources", "measurements", "advice", "culprit"})
 #: Fields of a [measurements.NAME] table: the setup a GPU measurement was made on.
@@ -137,6 +143,10 @@ class Culprit:
     #: The kernel is deterministic: what varies is the state it reads (a lookup table built
     #: in another order), so a census of the op on fixed state measures it deterministic.
     deterministic_kernel: bool = False
+    #: The op advances a tf.random.Generator's state (an int64 variable, its resource input):
+    #: what it draws depends on where the generator is, and a step that draws from one
+    #: moves it on (check() puts such generators back: tracer.generators).
+    advances_generator: bool = False
 
     @property
     def label(self) -> str:
@@ -302,7 +312,12 @@ def _entry(
 
     exact = entry.get("integer_outputs_exact", False)
     kernel = entry.get("deterministic_kernel", False)
-    for name, value in (("integer_outputs_exact", exact), ("deterministic_kernel", kernel)):
+    generator = entry.get("advances_generator", False)
+    for name, value in (
+        ("integer_outputs_exact", exact),
+        ("deterministic_kernel", kernel),
+        ("advances_generator", generator),
+    ):
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {name} must be true or false")  # noqa: TRY004
     measured_gpu = None
@@ -327,6 +342,7 @@ def _entry(
         sources_disagree=entry.get("sources_disagree", ""),
         integer_outputs_exact=exact,
         deterministic_kernel=kernel,
+        advances_generator=generator,
     )
 
 
@@ -426,6 +442,12 @@ def lookup(op_type: str | bytes, device: str | bytes | None = None) -> Culprit |
             if culprit.device == wanted:
                 return culprit
     return found[0]
+
+
+def advances_generator(op_type: str | bytes) -> bool:
+    """Whether the op draws from a tf.random.Generator and moves its state on (the table's
+    ``advances_generator``)."""
+    return any(c.advances_generator for c in _by_op_type().get(_text(op_type), ()))
 
 
 def known_ops() -> pandas.DataFrame:

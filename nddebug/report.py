@@ -68,9 +68,11 @@ COLUMNS = [
 MODES = {
     "repeat": (
         "repeated the whole step in this process with identical inputs and restored state: sees "
-        "non-deterministic kernels, unseeded or stateful random ops, input-pipeline order and "
-        "races between ops; not per-process effects (autotuning, PYTHONHASHSEED), which need "
-        "recordings from separate processes compared with nddebug.compare()"
+        "non-deterministic kernels, unseeded or stateful random ops, races between ops and the "
+        "order of an input pipeline the step builds itself; not the pipeline that made its "
+        "inputs (fit's, under DeterminismCheck: they are the same batch in every repeat) nor "
+        "per-process effects (autotuning, PYTHONHASHSEED), which need separate processes: "
+        "nddebug run, or recordings compared with nddebug.compare()"
     ),
     "compare": "compared recordings made separately (e.g. in different processes or machines)",
     "processes": (

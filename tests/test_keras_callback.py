@@ -47,6 +47,10 @@ def test_callback_leaves_training_bitwise_identical_on_a_deterministic_model() -
     without.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     assert len(callback.reports) == 2 and all(r.ok for r in callback.reports)
     assert callback.reports[0].summary["ops_traced"] > 50  # the real train step was traced
+    # Every repeat gets the same batch: the report does not claim to see fit's pipeline
+    # (probe round 33, finding 2: it said it "sees input-pipeline order").
+    text = " ".join(str(callback.reports[0]).split())
+    assert "not the pipeline that made its inputs (fit's, under DeterminismCheck" in text
     assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
         collect_variables(without)
     )

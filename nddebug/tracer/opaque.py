@@ -368,6 +368,9 @@ class PreCallHook:
             # Another thread's call: not this block's, and kept out of it.
             return rec.foreign_call(run, ops.as_str(name))
         if not busy():
+            if rec.generators is not None:
+                # check()'s run: the generators this call can move on, as they are before it.
+                rec.generators.before_call(ctx, ops.as_str(name), tensor_inputs)
             if rec.fresh is not None:
                 # check()'s run: seeded random ops draw from fresh kernels (tracer.fresh).
                 called = rec.fresh.name_for(ctx, name)

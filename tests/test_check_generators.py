@@ -1,0 +1,83 @@
+"""check() and tf.random.Generators that state= does not hold: put back like the global one.
+
+A seeded generator the step captures moved on in every run of check(): the runs compared other
+noise ("NOT reproducible", source RngReadAndSkip) and the training after the check drew
+further along than without it (probe round 33, finding 1). Ground truth here is the same
+program run plainly in the same process, from twins of the same variables and generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nddebug
+
+
+def _twins(kind: str) -> tuple[Callable[[], Any], tf.Variable, tf.random.Generator]:
+    """A step that adds noise from a seeded generator to a weight update, as ``kind``: a
+    tf.function, eager code, or eager code calling a tf.function traced before the check."""
+    w = tf.Variable(tf.ones([4]))
+    gen = tf.random.Generator.from_seed(7)
+
+    def update(noise: Any) -> None:
+        w.assign_sub(0.1 * (w + noise))
+
+    if kind == "function":
+
+        @tf.function
+        def step() -> None:
+            update(gen.normal([4]))
+
+    elif kind == "eager":
+
+        def step() -> None:
+            update(gen.normal([4]))
+
+    else:
+
+        @tf.function
+        def noise() -> Any:
+            return gen.normal([4])
+
+        noise()  # traced (and drawn from) before the check: an uninstrumented call in it
+
+        def step() -> None:
+            update(noise())
+
+    return step, w, gen
+
+
+@pytest.mark.parametrize("kind", ["function", "eager", "traced before"])
+def test_a_generator_outside_state_is_put_back_and_the_step_is_reproducible(kind: str) -> None:
+    plain_step, plain_w, plain_gen = _twins(kind)
+    step, w, gen = _twins(kind)
+    plain_step()
+    step()
+    plain_step()  # the step check() stands for
+    report = nddebug.check(step, state=w, repeats=3)
+    assert report.ok, report
+    assert not any("does not hold" in x for x in report.warnings), report.warnings
+    for _ in range(3):  # training goes on from where one plain step leaves it
+        plain_step()
+        step()
+    assert np.array_equal(w.numpy(), plain_w.numpy())
+    assert np.array_equal(gen.state.numpy(), plain_gen.state.numpy())
+
+
+def test_a_generator_put_back_does_not_hide_an_unseeded_draw() -> None:
+    """The generator's draws are put back; an op with no seed at all still differs."""
+    w = tf.Variable(tf.ones([256]))
+    gen = tf.random.Generator.from_seed(3)
+
+    @tf.function
+    def step() -> None:
+        w.assign_sub(0.1 * (gen.normal([256]) + tf.random.uniform([256])))
+
+    report = nddebug.check(step, state=w, repeats=3)
+    assert not report.ok
+    assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
