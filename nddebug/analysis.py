@@ -23,6 +23,7 @@ from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     CALL_OPS,
+    DATASET_STAGES,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
@@ -533,6 +534,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     device = recordings[0].environment.get("emulated_device", "")
     setup = first_run_setup(findings, first_only)
     data_writers = _data_function_writers(recordings)
+    stages = _dataset_stages(recordings)
     python_functions = _python_functions(recordings)
     updates = _updates_per_graph(recordings)
     restored = {
@@ -555,6 +557,8 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
             )
         if f.role == "source" and f.op.attrs.get(PIPELINE_OPS):
             _behind_data_functions(f, device)
+        if f.role == "source" and f.kind == "input pipeline" and stages:
+            _name_dataset_stages(f, stages)
         if f.role == "source" and f.op.resource in data_writers:
             _written_in_data(f, data_writers[f.op.resource])
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
@@ -1159,6 +1163,33 @@ def _data_function_writers(recordings: list[Recording]) -> dict[str, OpInfo]:
         for op in r.ops.values()
         if op.resource and op.op_type.endswith("Dataset")
     }
+
+
+def _dataset_stages(recordings: list[Recording]) -> dict[str, list[str]]:
+    """What in each dataset an iterator of the block was made from can make its elements
+    differ (``MakeIterator``'s ``DATASET_STAGES``), by the iterator's identity."""
+    found: dict[str, list[str]] = {}
+    for r in recordings:
+        for op in r.ops.values():
+            if op.attrs.get(DATASET_STAGES):
+                found.setdefault(op.resource, list(op.attrs[DATASET_STAGES]))
+    return found
+
+
+def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
+    """An input pipeline that differed, with what its dataset's graph holds that makes
+    elements differ: the iterator it reads, else the one pipeline the block made with any.
+    The explanation listed every possible cause (probe round 33, finding 3)."""
+    own = stages.get(f.op.resource) if f.op.resource else None
+    if own is None:
+        distinct = {tuple(v) for v in stages.values()}
+        own = list(next(iter(distinct))) if len(distinct) == 1 else None
+    if own:
+        f.explanation = (
+            "the dataset behind it holds what makes its elements differ from run to run: "
+            + "; ".join(own)
+            + f". In general, {f.explanation[:1].lower()}{f.explanation[1:]}"
+        )
 
 
 def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:

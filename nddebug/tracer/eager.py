@@ -15,6 +15,7 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.recording import (
+    DATASET_STAGES,
     NOT_COMPARED,
     OPAQUE,
     STATE_READERS,
@@ -23,7 +24,7 @@ from nddebug.recording import (
     OpInfo,
     restored_function,
 )
-from nddebug.tracer import opaque, ops, rerun, undefined
+from nddebug.tracer import datasets, opaque, ops, rerun, undefined
 from nddebug.tracer.location import eager_location, library_callers
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
@@ -348,6 +349,10 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             rerun=blocker,
             written=opaque.variable_names([h for h, _ in variables]) if variables else [],
         )
+        if op_type in _BINDS_ITERATOR and inputs:
+            stages = datasets.dataset_stages(inputs[0])
+            if stages:  # named with the iterator's reads where the pipeline differs
+                rec.recording.ops[op_id].attrs[DATASET_STAGES] = stages
         if function == "xla":
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             rec.xla_functions.add(op_type)

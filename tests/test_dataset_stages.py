@@ -1,0 +1,112 @@
+"""What in a tf.data pipeline makes its elements differ, named from the dataset's own graph.
+
+An input pipeline that differed was reported with every possible cause listed (probe round
+33, finding 3); the dataset an iterator is made from says which of them it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+from nddebug.tracer.datasets import dataset_stages
+from tests.helpers import subprocess_env
+
+
+def _base() -> Any:
+    return tf.data.Dataset.range(16)
+
+
+def _without_options() -> Any:
+    options = tf.data.Options()
+    options.deterministic = False
+    return _base().map(lambda x: x, num_parallel_calls=2).with_options(options)
+
+
+CASES = {
+    "parallel map": (
+        lambda: _base().map(lambda x: x * 2, num_parallel_calls=2, deterministic=False),
+        "Dataset.map(num_parallel_calls=..., deterministic=False) (ParallelMapDatasetV2)",
+    ),
+    "parallel interleave": (
+        lambda: tf.data.Dataset.range(4).interleave(
+            lambda s: _base(), cycle_length=2, num_parallel_calls=2, deterministic=False
+        ),
+        "Dataset.interleave(num_parallel_calls=..., deterministic=False)",
+    ),
+    "options": (_without_options, "tf.data.Options().deterministic = False"),
+    "generator": (
+        lambda: tf.data.Dataset.from_generator(
+            lambda: iter(range(3)), output_signature=tf.TensorSpec([], tf.int64)
+        ),
+        "Python code the pipeline runs",
+    ),
+    "py_function": (
+        lambda: _base().map(lambda x: tf.py_function(lambda y: y, [x], tf.int64)),
+        "Python code the pipeline runs",
+    ),
+    "unseeded random op": (
+        lambda: _base().map(lambda x: x + tf.random.uniform([], maxval=2, dtype=tf.int64)),
+        "unseeded random op(s) in a dataset function (RandomUniformInt)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_stage_that_makes_elements_differ_is_named(case: str) -> None:
+    make, expected = CASES[case]
+    stages = dataset_stages(make()._variant_tensor)
+    assert len(stages) == 1 and expected in stages[0], stages
+
+
+def test_deterministic_pipelines_name_nothing() -> None:
+    for ds in (
+        _base().map(lambda x: x * 2, num_parallel_calls=2).batch(4).prefetch(2),
+        _base().shuffle(16, seed=3),
+        _base().map(lambda x: x + tf.random.uniform([], maxval=2, dtype=tf.int64, seed=5)),
+    ):
+        assert dataset_stages(ds._variant_tensor) == []
+
+
+_UNSEEDED_SHUFFLE = """
+import tensorflow as tf
+import nddebug
+
+w = tf.Variable(tf.ones([8, 1]))
+
+
+@tf.function
+def step(x):
+    w.assign_sub(0.01 * tf.matmul(tf.transpose(x), tf.matmul(x, w)))
+
+
+data = tf.data.Dataset.range(256).map(lambda i: tf.fill([8], tf.cast(i, tf.float32)))
+data = data.shuffle(256).batch(8)  # no seed, and no tf.random.set_seed: a new order per run
+with nddebug.trace():
+    for x in data:
+        step(x)
+"""
+
+
+def test_nddebug_run_names_the_unseeded_shuffle_behind_the_iterator(tmp_path: Any) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_UNSEEDED_SHUFFLE))
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    sources = [c for c in report["culprits"] if c["role"] == "source"]
+    assert [s["op_type"] for s in sources] == ["IteratorGetNext"], sources
+    assert "Dataset.shuffle with no seed and no tf.random.set_seed" in sources[0]["explanation"]
