@@ -1,101 +1,100 @@
 """What in a tf.data pipeline can make its elements differ from run to run, read from the
-dataset's own graph when an iterator is made from it in a block.
+dataset an iterator is made from in a block.
 
 An input pipeline that differs is seen where the step reads it (``IteratorGetNext``), and the
-report used to list every possible cause (probe round 33, finding 3). The dataset an iterator
-is bound to (``MakeIterator``'s input) serializes to a GraphDef with its functions: the stages
-that make elements differ are there, with their attributes. They are kept on the iterator's
-``MakeIterator`` op (``OpInfo.attrs[DATASET_STAGES]``) and named with the source.
+report used to list every possible cause (probe round 33, finding 3). The dataset that an
+iterator is bound to (``MakeIterator``) says which of them it holds: its parallel stages'
+``deterministic`` setting, its shuffles' seeds, its options, the ops of its functions. They
+are kept on the iterator's ``MakeIterator`` op (``OpInfo.attrs[DATASET_STAGES]``) and named
+with the source.
+
+The dataset is read as the Python object tf.data's iterator constructor holds while it binds
+the iterator, found by its variant tensor, not serialized: a dataset's graph holds its data
+(``from_tensor_slices`` of a 200 MB array serialized to 200 MB in 0.6 s).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from nddebug.recording import RANDOM_OPS
-from nddebug.tracer.registry import inside_nddebug
+from nddebug.tracer import opaque
 
-#: Parallel stages with a ``deterministic`` attribute: which Dataset method makes each.
-_PARALLEL = {
-    "ParallelMapDataset": "map",
-    "ParallelMapDatasetV2": "map",
-    "ParallelInterleaveDatasetV2": "interleave",
-    "ParallelInterleaveDatasetV3": "interleave",
-    "ParallelInterleaveDatasetV4": "interleave",
-    "ParallelBatchDataset": "batch",
-    "ParallelFilterDataset": "filter",
-    "MapAndBatchDataset": "map and batch",
-}
-#: Shuffles, and the positions of their seed and seed2 inputs.
-_SHUFFLES = {
-    "ShuffleDataset": (2, 3),
-    "ShuffleDatasetV2": None,  # a seed generator resource only: not readable here
-    "ShuffleDatasetV3": (2, 3),
-    "ShuffleAndRepeatDataset": (2, 3),
-    "ShuffleAndRepeatDatasetV2": (2, 3),
-}
+#: Python code a dataset function runs (Dataset.from_generator, tf.py_function, numpy_function).
 _PYTHON = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+#: The attributes of tf.data's dataset classes that hold a function they run per element.
+_FUNCTIONS = (
+    "_map_func",
+    "_predicate",
+    "_scan_func",
+    "_reduce_func",
+    "_key_func",
+    "_init_func",
+    "_finalize_func",
+    "_window_size_func",
+)
+#: What a parallel stage's class name says it was made by.
+_METHODS = (("Interleave", "interleave"), ("Filter", "filter"), ("Map", "map"), ("Batch", "batch"))
 
 
-def dataset_stages(variant: Any) -> list[str]:
-    """The stages of the dataset behind an eager dataset variant tensor that can make its
-    elements differ between runs, one sentence each ([] where none, or the dataset cannot
-    be serialized)."""
-    import tensorflow as tf
-    from tensorflow.core.framework import graph_pb2
+def dataset_of(variant: Any, depth: int = 30) -> Any:
+    """The ``tf.data.Dataset`` whose variant tensor is ``variant``, from the frames of the code
+    that is binding an iterator to it (tf.data's iterator holds it in a local); None."""
+    from tensorflow.python.data.ops import dataset_ops
 
-    try:
-        with inside_nddebug():  # nddebug's own op: not one of the block's
-            serialized = tf.raw_ops.DatasetToGraphV2(
-                input_dataset=variant, external_state_policy=1, strip_device_assignment=True
-            ).numpy()
-        graph = graph_pb2.GraphDef()
-        graph.ParseFromString(serialized)
-    except Exception:  # noqa: BLE001 - a dataset TF cannot serialize: nothing named
-        return []
-    return stages_of(graph)
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        for value in frame.f_locals.values():
+            if isinstance(value, dataset_ops.DatasetV2) and value._variant_tensor is variant:
+                return value
+        frame = frame.f_back
+    return None
 
 
-def stages_of(graph: Any) -> list[str]:
-    """:func:`dataset_stages` over a dataset's GraphDef."""
-    consts = {n.name: n for n in graph.node if n.op == "Const"}
+def dataset_stages(dataset: Any) -> list[str]:
+    """The stages of a ``tf.data.Dataset`` (with those it is built on) that can make its
+    elements differ between runs, one sentence each ([] where none)."""
     found: list[str] = []
 
     def say(text: str) -> None:
         if text not in found:
             found.append(text)
 
-    for node in graph.node:
-        if node.op in _PARALLEL and node.attr["deterministic"].s == b"false":
-            say(
-                f"Dataset.{_PARALLEL[node.op]}(num_parallel_calls=..., deterministic=False) "
-                f"({node.op}): its elements come out in the order their work finishes"
-            )
-        elif node.op == "OptionsDataset" and _options_nondeterministic(node):
+    try:
+        if dataset.options().deterministic is False:
             say(
                 "tf.data.Options().deterministic = False: every parallel stage hands out "
                 "elements in the order their work finishes"
             )
-        elif node.op in _SHUFFLES and _unseeded(node, _SHUFFLES[node.op], consts):
+    except Exception:  # noqa: BLE001 - options that cannot be read: not named
+        pass
+    inside: set[str] = set()
+    for d in _tree(dataset):
+        name = type(d).__name__.lstrip("_")
+        if getattr(d, "_deterministic", None) == "false":
+            method = next((m for key, m in _METHODS if key in name), "map")
             say(
-                f"Dataset.shuffle with no seed and no tf.random.set_seed ({node.op}): a new "
-                "order in every run"
+                f"Dataset.{method}(num_parallel_calls=..., deterministic=False) ({name}): its "
+                "elements come out in the order their work finishes"
             )
-    functions = list(graph.library.function)
-    if any(n.op in _PYTHON for f in functions for n in f.node_def):
+        if "Shuffle" in name and _unseeded(d):
+            say(
+                f"Dataset.shuffle with no seed and no tf.random.set_seed ({name}): a new order "
+                "in every run"
+            )
+        for attr in _FUNCTIONS:
+            fn = getattr(getattr(d, attr, None), "function", None)
+            if fn is not None:
+                inside.update(opaque.ops_inside(fn.name, fn.graph))
+    if any(t in _PYTHON for t in inside):
         say(
             "Python code the pipeline runs (Dataset.from_generator, or tf.py_function / "
             "tf.numpy_function in a map): whatever varies in it (unseeded random, set or dict "
             "order, the clock, files listed unsorted) makes the data differ"
         )
-    unseeded = sorted(
-        {
-            n.op
-            for f in functions
-            for n in f.node_def
-            if n.op in RANDOM_OPS and not (n.attr["seed"].i or n.attr["seed2"].i)
-        }
-    )
+    unseeded = sorted({t.split("(")[0] for t in inside if t.endswith("(unseeded)")})
     if unseeded:
         say(
             f"unseeded random op(s) in a dataset function ({', '.join(unseeded)}): they "
@@ -104,27 +103,29 @@ def stages_of(graph: Any) -> list[str]:
     return found
 
 
-def _options_nondeterministic(node: Any) -> bool:
+def _tree(dataset: Any) -> list[Any]:
+    """``dataset`` and every dataset it is built on (its inputs, theirs, ...)."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    todo = [dataset]
+    while todo:
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        out.append(d)
+        try:
+            todo += list(d._inputs())
+        except Exception:  # noqa: BLE001 - a dataset class that cannot list its inputs
+            pass
+    return out
+
+
+def _unseeded(shuffle: Any) -> bool:
+    """Whether a shuffle's seeds are both 0 (no seed anywhere: tf.data then picks one at
+    random when an iterator is made)."""
     try:
-        from tensorflow.core.framework import dataset_options_pb2
-
-        options = dataset_options_pb2.Options()
-        options.ParseFromString(node.attr["serialized_options"].s)
-    except Exception:  # noqa: BLE001 - options TF cannot parse here: not named
+        seeds = [int(shuffle._seed), int(shuffle._seed2)]
+    except Exception:  # noqa: BLE001 - seeds that are not readable numbers: not named
         return False
-    return options.WhichOneof("optional_deterministic") is not None and not options.deterministic
-
-
-def _unseeded(node: Any, at: tuple[int, int] | None, consts: dict[str, Any]) -> bool:
-    """Whether a shuffle's seed and seed2 inputs are both the constant 0 (no seed anywhere:
-    tf.data then picks one at random when the iterator is made)."""
-    if at is None or len(node.input) <= max(at):
-        return False
-    values = []
-    for i in at:
-        const = consts.get(node.input[i].split(":")[0].lstrip("^"))
-        if const is None:
-            return False
-        tensor = const.attr["value"].tensor
-        values.append(tensor.int64_val[0] if tensor.int64_val else None)
-    return values == [0, 0]
+    return seeds == [0, 0]

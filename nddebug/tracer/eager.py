@@ -349,10 +349,10 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             rerun=blocker,
             written=opaque.variable_names([h for h, _ in variables]) if variables else [],
         )
-        if op_type in _BINDS_ITERATOR and inputs:
-            stages = datasets.dataset_stages(inputs[0])
-            if stages:  # named with the iterator's reads where the pipeline differs
-                rec.recording.ops[op_id].attrs[DATASET_STAGES] = stages
+        dataset = datasets.dataset_of(inputs[0]) if op_type in _BINDS_ITERATOR else None
+        stages = datasets.dataset_stages(dataset) if dataset is not None else []
+        if stages:  # named with the iterator's reads where the pipeline differs
+            rec.recording.ops[op_id].attrs[DATASET_STAGES] = stages
         if function == "xla":
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             rec.xla_functions.add(op_type)

@@ -20,7 +20,18 @@ from nddebug.recording import NOT_COMPARED, RANDOM_OPS, XLA_NOTE
 from nddebug.tracer import ops, optimized_sums, plain, unneeded
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
-_NESTED_ATTRS = ("f", "then_branch", "else_branch", "body", "cond", "branches")
+# (and a Dataset.from_generator's GeneratorDataset: its Python functions)
+_NESTED_ATTRS = (
+    "f",
+    "then_branch",
+    "else_branch",
+    "body",
+    "cond",
+    "branches",
+    "init_func",
+    "next_func",
+    "finalize_func",
+)
 
 
 @functools.lru_cache(maxsize=4096)
