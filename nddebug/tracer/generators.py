@@ -19,46 +19,21 @@ before the draw: it is left to the warning about updates that ``state=`` does no
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from nddebug import knowledge
-from nddebug.tracer import ops
+from nddebug.tracer import opaque, ops
 from nddebug.tracer.registry import inside_nddebug
 
-_lock = threading.Lock()
-# Function name -> whether its call tree (calls, branches, loop bodies) advances a generator.
-# FunctionDefs are immutable per name.
-_TREES: dict[str, bool] = {}
 _INT64 = 9  # types_pb2.DT_INT64
 
 
-def draws_in_tree(ctx: Any, name: str) -> bool:
-    """Whether a function's call tree holds an op that advances a generator (False where the
-    function cannot be read)."""
-    if name in _TREES:
-        return _TREES[name]
-    seen: set[str] = set()
-    todo, found = [name], False
-    while todo and not found:
-        fname = todo.pop()
-        if fname in seen:
-            continue
-        seen.add(fname)
-        try:
-            fdef = ctx.get_function_def(fname)
-        except Exception:  # noqa: BLE001 - not a function the context holds (an op)
-            continue
-        for node in fdef.node_def:
-            if knowledge.advances_generator(node.op):
-                found = True
-                break
-            todo += ops.callees(node)
-    with _lock:
-        _TREES[name] = found
-    return found
+def draws_in_tree(name: str) -> bool:
+    """Whether a function's call tree (calls, branches, loop bodies) holds an op that advances
+    a generator (False where the function cannot be read)."""
+    return any(knowledge.advances_generator(t.split("(")[0]) for t in opaque.ops_inside(name))
 
 
 def _int64_variable(t: Any) -> bool:
@@ -81,9 +56,9 @@ class GeneratorStates:
         self.held = held  # identities (ops.eager_identity) of the variables state= holds
         self.states: dict[str, tuple[Any, np.ndarray]] = {}  # identity -> (handle, before)
 
-    def before_call(self, ctx: Any, name: str, tensor_inputs: Any) -> None:
+    def before_call(self, name: str, tensor_inputs: Any) -> None:
         """A function is about to run: keep the generators its call tree can move on."""
-        if not draws_in_tree(ctx, name):
+        if not draws_in_tree(name):
             return
         for t in tensor_inputs:
             if _int64_variable(t):

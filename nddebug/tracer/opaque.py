@@ -20,7 +20,6 @@ from nddebug.recording import NOT_COMPARED, RANDOM_OPS, XLA_NOTE
 from nddebug.tracer import ops, optimized_sums, plain, unneeded
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
-# (and a Dataset.from_generator's GeneratorDataset: its Python functions)
 _NESTED_ATTRS = (
     "f",
     "then_branch",
@@ -92,12 +91,9 @@ def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
                 found.add(f"{op}(random)" if seeded else f"{op}(unseeded)")
             else:
                 found.add(op)
-            for attr in _NESTED_ATTRS:
-                if attr not in node.attr:
-                    continue
-                value = node.attr[attr]
-                todo += [value.func.name] if value.func.name else []
-                todo += [f.name for f in value.list.func]
+            # Calls, branches, loop bodies, a tf.data op's functions (a generator's Python
+            # ones included), a function called by its own name as an op type.
+            todo += ops.callees(node)
     return tuple(sorted(found))
 
 
@@ -381,7 +377,7 @@ class PreCallHook:
         if not busy():
             if rec.generators is not None:
                 # check()'s run: the generators this call can move on, as they are before it.
-                rec.generators.before_call(ctx, ops.as_str(name), tensor_inputs)
+                rec.generators.before_call(ops.as_str(name), tensor_inputs)
             if rec.fresh is not None:
                 # check()'s run: seeded random ops draw from fresh kernels (tracer.fresh).
                 called = rec.fresh.name_for(ctx, name)
