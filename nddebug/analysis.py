@@ -1171,17 +1171,20 @@ def _dataset_stages(recordings: list[Recording]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for r in recordings:
         for op in r.ops.values():
-            if op.attrs.get(DATASET_STAGES):
-                found.setdefault(op.resource, list(op.attrs[DATASET_STAGES]))
+            for iterator, stages in (op.attrs.get(DATASET_STAGES) or {}).items():
+                found.setdefault(iterator, list(stages))
     return found
 
 
 def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
-    """An input pipeline that differed, with what its dataset's graph holds that makes
-    elements differ: the iterator it reads, else the one pipeline the block made with any.
+    """An input pipeline that differed, with what its dataset holds that makes elements
+    differ: the iterator it reads, or, for a read that cannot say which iterator (one passed
+    to the function as an argument, a read of what an iterator handed out), the one pipeline
+    the block bound an iterator to that holds any.
     The explanation listed every possible cause (probe round 33, finding 3)."""
-    own = stages.get(f.op.resource) if f.op.resource else None
-    if own is None:
+    if f.op.resource.startswith("eager:"):  # a read of a known iterator: its own dataset
+        own = stages.get(f.op.resource)
+    else:  # an iterator passed in as an argument (Keras's fit), or what one handed out
         distinct = {tuple(v) for v in stages.values()}
         own = list(next(iter(distinct))) if len(distinct) == 1 else None
     if own:

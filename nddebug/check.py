@@ -357,7 +357,7 @@ def check(
     streams = st.RandomStreams()  # set apart at the start of each run (one_run)
     # The tf.random.Generators the step draws from that state= does not hold: found as the
     # runs go, put back with the rest (tracer.generators).
-    generators = GeneratorStates(held_identities(keeper.variables))
+    generators = GeneratorStates(lambda: held_identities(keeper.variables))
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
 
     def one_run(
@@ -410,6 +410,7 @@ def check(
 
         first_new_id = tf_ops.uid()
         warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
+        generators.closed = True  # found from now on: moved on by the warm-up already
         warmed_up()
         # Repeats that read on from such an iterator see other batches, and say so below.
         moved = (
@@ -443,7 +444,8 @@ def check(
                     f"The step updates {len(missed)} variable(s) that state= does not hold "
                     f"(updated by {', '.join(missed[:3])}{more}): every repeat starts from "
                     "what the previous one left in them, so what reads them differs. Add "
-                    "their owner to state= (an optimizer: state=[model, optimizer])."
+                    "their owner to state= (an optimizer: state=[model, optimizer]; a "
+                    "tf.random.Generator: the generator)."
                 )
         if mode == "rerun":
             # One traced step is the whole check: its ops were compared with themselves.
@@ -458,6 +460,10 @@ def check(
                 rec.save(path)
             kept.add(rec)
         runs += kept.runs
+        if generators.late:
+            warnings.append(LATE_GENERATORS_NOTE.format(n=len(generators.late)))
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
         if kept.dropped:
             warnings.append(kept.dropped_note())
             for rec in runs:
@@ -566,7 +572,7 @@ def check(
                 report = as_compiled
     except BaseException as exc:
         keeper.restore(before)
-        generators.restore()
+        generators.restore()  # what could not be put back is not worth hiding exc for
         streams.restore()
         from nddebug import environment
 
@@ -587,13 +593,30 @@ def check(
 
     report.replay = Replay(fn, args, kwargs, state, repeats, emulate_gpu)
     keeper.restore(before)
-    generators.restore()
+    failed = generators.restore()
     streams.restore()
+    if failed:
+        import warnings as py_warnings
+
+        py_warnings.warn(
+            "nddebug.check() could not put back these random generators as they were before "
+            f"it, so the steps after it draw from where its runs left them: {'; '.join(failed)}",
+            stacklevel=2,
+        )
     if advance:
         if seed is not None:
             st.set_seeds(seed)
         fn(*args, **kwargs)
     return report
+
+
+#: Said when the step drew from tf.random.Generators first after check()'s warm-up.
+LATE_GENERATORS_NOTE = (
+    "The step drew from {n} tf.random.Generator(s) that state= does not hold first after "
+    "check()'s warm-up (a code path the warm-up did not take): the runs before had moved "
+    "them on already, so they were not put back, and the runs drew from where the previous "
+    "ones left them. Pass them in state= to compare those runs from one state."
+)
 
 
 #: Why an op is not re-executed (OpInfo.rerun), as a confirmation says it.

@@ -26,7 +26,9 @@ SPARK = " ▁▂▃▄▅▆▇█"
 
 #: Step functions whose one call can be more than one training step, and what a call is.
 CALL_IS = {
-    "multi_step_on_iterator": "Keras's train function: steps_per_execution batches a call",
+    "multi_step_on_iterator": (
+        "Keras's train function: steps_per_execution batches a call, 1 by default"
+    ),
 }
 
 
@@ -75,7 +77,7 @@ class FirstDivergence:
             text += f": {self.explanation.rstrip('.')}"
         if self.step is not None and self.step > 1:
             text += f". Steps 1 to {self.step - 1} agree bit for bit"
-        if self.step is not None and self.step_function:
+        if self.step is not None and self.step_function and self.steps > 1:
             text += f". A step is one call of {self.step_function}"
             if self.step_function in CALL_IS:
                 text += f" ({CALL_IS[self.step_function]})"

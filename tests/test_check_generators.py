@@ -81,3 +81,26 @@ def test_a_generator_put_back_does_not_hide_an_unseeded_draw() -> None:
     report = nddebug.check(step, state=w, repeats=3)
     assert not report.ok
     assert set(report.sources["op_type"]) == {"RandomUniform"}, report.sources
+
+
+def test_an_int64_counter_the_call_also_takes_is_not_taken_for_a_generator() -> None:
+    """Only the inputs that reach a generator op's state are read before a call: a counter
+    the same function reads (and the step updates before calling it) is the step's own state,
+    left to state= and named in the warning, not put back to a value from inside the step
+    (review of the first version, which read every int64 variable input)."""
+    w = tf.Variable(tf.ones([4]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    gen = tf.random.Generator.from_seed(5)
+
+    @tf.function
+    def draw() -> Any:
+        return gen.normal([4]) * tf.cast(counter, tf.float32)
+
+    def step() -> None:
+        counter.assign_add(1)
+        w.assign_sub(0.1 * draw())
+
+    report = nddebug.check(step, state=w, repeats=2)
+    missed = [x for x in report.warnings if "state= does not hold" in x]
+    assert len(missed) == 1 and "AssignAddVariableOp" in missed[0], report.warnings
+    assert "ReadVariableOp" not in missed[0]

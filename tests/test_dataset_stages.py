@@ -108,3 +108,38 @@ def test_nddebug_run_names_the_unseeded_shuffle_behind_the_iterator(tmp_path: An
     sources = [c for c in report["culprits"] if c["role"] == "source"]
     assert [s["op_type"] for s in sources] == ["IteratorGetNext"], sources
     assert "Dataset.shuffle with no seed and no tf.random.set_seed" in sources[0]["explanation"]
+
+
+_FIT_ON_UNSEEDED_SHUFFLE = """
+import keras
+import tensorflow as tf
+import nddebug
+
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, kernel_initializer="ones")])
+model.compile("sgd", "mse")
+data = tf.data.Dataset.range(256).map(lambda i: (tf.fill([8], tf.cast(i, tf.float32)), [1.0]))
+data = data.shuffle(256).batch(8)  # no seed anywhere: a new order per run
+with nddebug.trace():
+    model.fit(data, verbose=0)
+"""
+
+
+def test_a_fit_names_the_unseeded_shuffle_of_the_iterator_it_passes_its_train_function(
+    tmp_path: Any,
+) -> None:
+    """Keras passes fit's iterator to its train function as an argument: the read cannot
+    say which iterator it is, and the one pipeline the block bound one to is named."""
+    script = tmp_path / "fit.py"
+    script.write_text(textwrap.dedent(_FIT_ON_UNSEEDED_SHUFFLE))
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
+    assert len(sources) == 1, sources
+    assert "Dataset.shuffle with no seed and no tf.random.set_seed" in sources[0]["explanation"]

@@ -596,7 +596,7 @@ def test_a_step_of_keras_with_steps_per_execution_is_said_to_be_one_call(detail:
     assert fd.step_function == "multi_step_on_iterator"
     text = " ".join(str(report).split())
     assert "A step is one call of multi_step_on_iterator (Keras's train function: " in text
-    assert "steps_per_execution batches a call)" in text
+    assert "steps_per_execution batches a call, 1 by default)" in text
 
 
 _EVAL_EVERY_4 = """

@@ -229,6 +229,17 @@ def _pipeline_inputs(rec: Any, op_type: str, inputs: Any, in_digests: list[Any])
         in_digests.append(rec.iterator_datasets[identity])
 
 
+def _note_dataset(rec: Any, op: OpInfo, inputs: Any) -> None:
+    """What in the dataset an iterator is being bound to can make its elements differ, kept
+    per iterator on the binding op (every binding: one line of code can bind iterators to
+    several datasets), to be named with the iterator's reads where the pipeline differs."""
+    dataset = datasets.dataset_of(inputs[0])
+    stages = datasets.dataset_stages(dataset) if dataset is not None else []
+    iterator = _resource("MakeIterator", inputs)
+    if stages and iterator:
+        op.attrs.setdefault(DATASET_STAGES, {})[iterator] = stages
+
+
 def _resource(op_type: str, inputs: Any) -> str:
     state = ops.state_input(op_type, inputs)
     return "" if state is None else ops.eager_identity(state)
@@ -349,10 +360,6 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             rerun=blocker,
             written=opaque.variable_names([h for h, _ in variables]) if variables else [],
         )
-        dataset = datasets.dataset_of(inputs[0]) if op_type in _BINDS_ITERATOR else None
-        stages = datasets.dataset_stages(dataset) if dataset is not None else []
-        if stages:  # named with the iterator's reads where the pipeline differs
-            rec.recording.ops[op_id].attrs[DATASET_STAGES] = stages
         if function == "xla":
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             rec.xla_functions.add(op_type)
@@ -373,6 +380,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
                 "a Python step calls.",
             )
     seq = rec.next_seq()
+    if op_type in _BINDS_ITERATOR and inputs:
+        _note_dataset(rec, rec.recording.ops[op_id], inputs)
     ev = Event(
         seq=seq,
         op_id=op_id,

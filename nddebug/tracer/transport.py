@@ -95,8 +95,7 @@ def rows(flat: list[int]) -> Iterator[tuple[int, list[dg.Digest], list[dg.Digest
         i += 3
         end = i + 2 * (n_out + n_in)
         words = iter(flat[i:end])
-        # Consecutive words, two at a time: the count is even by construction (no check to pay).
-        pairs = list(zip(words, words, strict=False))
+        pairs = list(zip(words, words, strict=True))  # consecutive words, two at a time
         yield op_id, pairs[:n_out], pairs[n_out:]
         i = end
 
