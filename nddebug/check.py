@@ -359,6 +359,7 @@ def check(
     # runs go, put back with the rest (tracer.generators).
     generators = GeneratorStates(lambda: held_identities(keeper.variables))
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
+    per_run_made: set[int] | None = None  # variables made by runs after the warm-up (one_run)
 
     def one_run(
         step: Callable[..., Any],
@@ -366,8 +367,10 @@ def check(
         capture: set[str] | None = None,
         rerun_only: set[str] | None = None,
     ) -> Recording:
+        nonlocal per_run_made
         keeper.restore(before)
         generators.restore()
+        known = {id(v) for v in keeper.variables}
         # Every run draws its eager op seeds from the start of check()'s own stream: the same
         # seeds in each run, as fresh processes draw the same ones from the global seed.
         streams.set_apart()
@@ -388,10 +391,25 @@ def check(
                 returned = step(*args, **kwargs)
                 assert Recorder.active is not None
                 Recorder.active.record_return(returned)
-                Recorder.active.record_variables(keeper.variables + keeper.table_states())
+                # A variable the step makes in every run (a tf.random.Generator, a temporary of
+                # eager code) is that run's own: one an earlier run made is put back to its first
+                # value and left alone by this run, so its value is not this run's to compare.
+                # The warm-up's are the step's for good (an optimizer's slots, made on its
+                # first call).
+                made_here = {id(v) for v in keeper.variables if id(v) not in known}
+                if per_run_made is not None:
+                    per_run_made.update(made_here)
+                own = [
+                    v
+                    for v in keeper.variables
+                    if per_run_made is None or id(v) not in per_run_made or id(v) in made_here
+                ]
+                Recorder.active.record_variables(own + keeper.table_states())
         finally:
             fresh_kernels.update(copies.op_types)
             copies.release()
+        if per_run_made is None:
+            per_run_made = set()  # the warm-up has run: what later runs make is their own
         if capture is not None:
             rec.kind = "capture"
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)

@@ -104,3 +104,20 @@ def test_an_int64_counter_the_call_also_takes_is_not_taken_for_a_generator() -> 
     missed = [x for x in report.warnings if "state= does not hold" in x]
     assert len(missed) == 1 and "AssignAddVariableOp" in missed[0], report.warnings
     assert "ReadVariableOp" not in missed[0]
+
+
+def test_a_generator_the_step_makes_in_every_run_is_each_run_s_own() -> None:
+    """An eager step that makes its generator (or any variable) anew: each later run's is its
+    own, and an earlier run's, put back to its first value and left alone, is not compared
+    with it (it was "NOT reproducible", source the generator's StateVar after the step)."""
+    w = tf.Variable(tf.ones([4]))
+    plain_w = tf.Variable(tf.ones([4]))
+
+    def step(v: tf.Variable = w) -> None:
+        g = tf.random.Generator.from_seed(1)
+        v.assign_sub(0.1 * g.normal([4]))
+
+    report = nddebug.check(step, state=w, repeats=3)
+    assert report.ok, report
+    step(plain_w)
+    assert np.array_equal(w.numpy(), plain_w.numpy())
