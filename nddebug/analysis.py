@@ -1185,13 +1185,22 @@ def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
     if f.op.resource.startswith("eager:"):  # a read of a known iterator: its own dataset
         own = stages.get(f.op.resource)
     else:  # an iterator passed in as an argument (Keras's fit), or what one handed out
-        distinct = {tuple(v) for v in stages.values()}
+        distinct = {tuple(v) for v in stages.values() if v}
+        # Only what one pipeline holds: that no stage is there is said of the read's own.
         own = list(next(iter(distinct))) if len(distinct) == 1 else None
     if own:
         f.explanation = (
             "the dataset behind it holds what makes its elements differ from run to run: "
             + "; ".join(own)
             + f". In general, {f.explanation[:1].lower()}{f.explanation[1:]}"
+        )
+    elif own is not None:
+        f.explanation = (
+            "the dataset behind it holds no stage that reorders or draws (no parallel stage "
+            "with deterministic=False, no unseeded shuffle or random op, no Python code): the "
+            "values it was made from differed, data loaded or computed before the dataset was "
+            "built (an unseeded NumPy or Python draw, files or a set listed in another order, "
+            "a table built in another order)"
         )
 
 

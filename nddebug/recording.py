@@ -93,7 +93,7 @@ PIPELINE_OPS = "pipeline_ops"
 #: OpInfo.attrs key of an eager ``MakeIterator``: per iterator it bound (its identity, as
 #: ``OpInfo.resource`` names it), what in the dataset can make the elements differ between
 #: runs (a parallel map with deterministic=False, an unseeded shuffle, Python code), one
-#: sentence each (see ``tracer.datasets``).
+#: sentence each, [] for a dataset that holds none (see ``tracer.datasets``).
 DATASET_STAGES = "dataset_stages"
 #: OpInfo.attrs key of a while loop (its While op) that runs iterations side by side
 #: (parallel_iterations > 1) and holds stateful random ops: their types (see

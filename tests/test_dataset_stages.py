@@ -143,3 +143,56 @@ def test_a_fit_names_the_unseeded_shuffle_of_the_iterator_it_passes_its_train_fu
     sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
     assert len(sources) == 1, sources
     assert "Dataset.shuffle with no seed and no tf.random.set_seed" in sources[0]["explanation"]
+
+
+def test_only_a_dataset_read_through_can_be_said_to_hold_no_such_stage() -> None:
+    from nddebug.tracer.datasets import read_through
+
+    base = tf.data.Dataset.from_tensor_slices(tf.ones([8, 2]))
+    assert read_through(base.map(lambda x: x * 2).shuffle(8, seed=1).batch(2).prefetch(1))
+    # A parallel interleave keeps deterministic= in its op only: not read through.
+    assert not read_through(
+        base.interleave(lambda x: tf.data.Dataset.from_tensors(x), num_parallel_calls=2)
+    )
+
+
+_DATA_THAT_DIFFERS = """
+import numpy as np
+import tensorflow as tf
+import nddebug
+
+w = tf.Variable(tf.ones([4, 1]))
+
+
+@tf.function
+def step(x):
+    w.assign_add(tf.reduce_mean(x, axis=0)[:, None] * 0.01)
+
+
+data = np.ones((32, 4), np.float32)
+data[20, 0] += np.random.default_rng().random()  # unseeded: other values in every process
+dataset = tf.data.Dataset.from_tensor_slices(data).batch(4)  # made before the block
+with nddebug.trace():
+    for x in dataset:
+        step(x)
+"""
+
+
+def test_a_pipeline_that_holds_no_such_stage_says_its_values_differed(tmp_path: Any) -> None:
+    """A deterministic pipeline over values that differ between processes: the read is the
+    source, and no stage of its dataset is to blame (it listed every possible cause)."""
+    script = tmp_path / "values.py"
+    script.write_text(textwrap.dedent(_DATA_THAT_DIFFERS))
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
+    assert [s["op_type"] for s in sources] == ["IteratorGetNext"], sources
+    assert "holds no stage that reorders or draws" in sources[0]["explanation"]
+    assert "the values it was made from differed" in sources[0]["explanation"]

@@ -37,6 +37,44 @@ _FUNCTIONS = (
 _METHODS = (("Interleave", "interleave"), ("Filter", "filter"), ("Map", "map"), ("Batch", "batch"))
 
 
+#: Dataset classes whose every way of making elements differ :func:`dataset_stages` reads
+#: (their attributes, the ops of their functions): a pipeline of these alone, with no stage
+#: named, makes the same elements from the same values. Any other (a parallel interleave keeps
+#: ``deterministic`` only in its op, ``sample_from_datasets`` draws, a flat_map's function
+#: builds datasets of its own) leaves the question open.
+_READ_THROUGH = frozenset(
+    {
+        "TensorSliceDataset",
+        "TensorDataset",
+        "RangeDataset",
+        "BatchDataset",
+        "PaddedBatchDataset",
+        "ParallelBatchDataset",
+        "UnbatchDataset",
+        "MapDataset",
+        "ParallelMapDataset",
+        "FilterDataset",
+        "ShuffleDataset",
+        "RepeatDataset",
+        "TakeDataset",
+        "SkipDataset",
+        "CacheDataset",
+        "PrefetchDataset",
+        "ZipDataset",
+        "ConcatenateDataset",
+        "OptionsDataset",
+        "RestructuredDataset",
+        "AssertCardinalityDataset",
+    }
+)
+
+
+def read_through(dataset: Any) -> bool:
+    """Whether :func:`dataset_stages` sees every way ``dataset`` could make its elements differ
+    (see ``_READ_THROUGH``): [] from it then means none is there."""
+    return all(type(d).__name__.lstrip("_") in _READ_THROUGH for d in _tree(dataset))
+
+
 def dataset_of(variant: Any, depth: int = 30) -> Any:
     """The ``tf.data.Dataset`` whose variant tensor is ``variant``, from the frames of the code
     that is binding an iterator to it (tf.data's iterator holds it in a local); None."""

@@ -234,9 +234,10 @@ def _note_dataset(rec: Any, op: OpInfo, inputs: Any) -> None:
     per iterator on the binding op (every binding: one line of code can bind iterators to
     several datasets), to be named with the iterator's reads where the pipeline differs."""
     dataset = datasets.dataset_of(inputs[0])
-    stages = datasets.dataset_stages(dataset) if dataset is not None else []
     iterator = _resource("MakeIterator", inputs)
-    if stages and iterator:
+    stages = datasets.dataset_stages(dataset) if dataset is not None and iterator else []
+    if stages or (dataset is not None and iterator and datasets.read_through(dataset)):
+        # [] too where the dataset was read through: none of them is there
         op.attrs.setdefault(DATASET_STAGES, {})[iterator] = stages
 
 
