@@ -461,7 +461,8 @@ def check(
                 warnings.append(
                     f"The step updates {len(missed)} variable(s) that state= does not hold "
                     f"(updated by {', '.join(missed[:3])}{more}): every repeat starts from "
-                    "what the previous one left in them, so what reads them differs. Add "
+                    "what the previous one left in them, so what reads them differs, and the "
+                    "steps after the check go on from where the last run left them. Add "
                     "their owner to state= (an optimizer: state=[model, optimizer]; a "
                     "tf.random.Generator: the generator)."
                 )

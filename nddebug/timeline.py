@@ -158,7 +158,9 @@ def step_function(rec: Recording, steps: list[int]) -> str:
     if op is None:
         return ""
     if op.op_type == STEP_OP:  # a folded step: the key of the call that ended it
-        callee = str(op.attrs.get("callee") or "").split(" via ")[0].removeprefix("eager:")
+        # ("eager:__inference_step_12@train.py:40 (main) via ...", "session:Session.run@...")
+        callee = str(op.attrs.get("callee") or "").split(" via ")[0].split("@")[0]
+        callee = callee.split(":", 1)[-1]
         return function_name(callee) if callee else ""
     return op.op_type if op.op_type == "Session.run" else function_name(op.op_type)
 

@@ -196,3 +196,18 @@ def test_a_pipeline_that_holds_no_such_stage_says_its_values_differed(tmp_path: 
     assert [s["op_type"] for s in sources] == ["IteratorGetNext"], sources
     assert "holds no stage that reorders or draws" in sources[0]["explanation"]
     assert "the values it was made from differed" in sources[0]["explanation"]
+
+
+def test_unseeded_random_datasets_are_named_and_options_only_with_a_parallel_stage() -> None:
+    """Options().deterministic=False was named in a pipeline with no parallel stage, and an
+    unseeded Dataset.random() (behind sample_from_datasets too) not at all (probe round 34)."""
+    options = tf.data.Options()
+    options.deterministic = False
+    assert dataset_stages(_base().map(lambda x: x).with_options(options)) == []
+    for ds in (
+        tf.data.Dataset.random(),
+        tf.data.Dataset.sample_from_datasets([_base(), _base()]),
+    ):
+        stages = dataset_stages(ds)
+        assert len(stages) == 1 and "Dataset.random() with no seed" in stages[0], stages
+    assert dataset_stages(tf.data.Dataset.random(seed=3)) == []

@@ -671,3 +671,34 @@ def test_an_eager_block_folded_into_steps_says_it_was_one_step() -> None:
         recs.append(rec)
     (source,) = [f for f in nddebug.compare(recs).comparison.findings if f.role == "source"]
     assert source.op.op_type == "Step" and "called no tf.function" not in source.explanation
+
+
+@pytest.mark.parametrize(
+    ("callee", "name"),
+    [
+        ("session:Session.run@train.py:15 (<module>)", "Session.run"),
+        ("eager:__inference_train_step_42@train.py:9 (main) via Trainer.fit", "train_step"),
+    ],
+)
+def test_a_folded_step_names_its_function_without_the_key(callee: str, name: str) -> None:
+    """With --steps a step is a Step op naming its call's key: the sentence printed the key
+    ("A step is one call of session:Session.run@p10_tf1.py:15 (<module>)", probe round 34)."""
+    from nddebug.recording import Event, OpInfo, Recording
+    from nddebug.timeline import step_function
+
+    rec = Recording(label="run", digest_algorithm="x", kind="run")
+    rec.ops[1] = OpInfo(
+        op_id=1,
+        key="step:1",
+        op_type="Step",
+        op_name="all op executions of one step",
+        graph="",
+        device="",
+        location="",
+        dtypes=["int64"],
+        shapes=[[2]],
+        digestible=[True],
+        attrs={"callee": callee},
+    )
+    rec.events.append(Event(0, 1, 0, [(1, 2)]))
+    assert step_function(rec, [0]) == name

@@ -100,8 +100,11 @@ def dataset_stages(dataset: Any) -> list[str]:
         if text not in found:
             found.append(text)
 
+    tree = _tree(dataset)
+    parallel = any("Parallel" in type(d).__name__ for d in tree)
     try:
-        if dataset.options().deterministic is False:
+        # Only parallel stages hand out elements as their work finishes.
+        if parallel and dataset.options().deterministic is False:
             say(
                 "tf.data.Options().deterministic = False: every parallel stage hands out "
                 "elements in the order their work finishes"
@@ -109,7 +112,7 @@ def dataset_stages(dataset: Any) -> list[str]:
     except Exception:  # noqa: BLE001 - options that cannot be read: not named
         pass
     inside: set[str] = set()
-    for d in _tree(dataset):
+    for d in tree:
         name = type(d).__name__.lstrip("_")
         if getattr(d, "_deterministic", None) == "false":
             method = next((m for key, m in _METHODS if key in name), "map")
@@ -121,6 +124,12 @@ def dataset_stages(dataset: Any) -> list[str]:
             say(
                 f"Dataset.shuffle with no seed and no tf.random.set_seed ({name}): a new order "
                 "in every run"
+            )
+        if name == "RandomDataset" and _unseeded(d):
+            say(
+                "Dataset.random() with no seed and no tf.random.set_seed (RandomDataset, also "
+                "behind an unseeded sample_from_datasets or choose_from_datasets): other "
+                "numbers in every run"
             )
         for attr in _FUNCTIONS:
             fn = getattr(getattr(d, attr, None), "function", None)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from nddebug import knowledge
+from nddebug.state import fresh_copy
 from nddebug.tracer import opaque, ops
 from nddebug.tracer.registry import inside_nddebug
 
@@ -89,6 +90,7 @@ class GeneratorStates:
         # on by the earlier runs, and is not put back (said in a warning).
         self.closed = False
         self.late: set[str] = set()
+        self.unread: set[str] = set()  # moved on by an eager op before it could be read
 
     def before_call(self, name: str, tensor_inputs: Any) -> None:
         """A function is about to run: keep the generators it can move on, as they are."""
@@ -97,16 +99,27 @@ class GeneratorStates:
                 self._keep(tensor_inputs[i], None)
 
     def after_eager(self, op_type: str, inputs: Any, outputs: Any) -> None:
-        """An eager op ran: an ``RngReadAndSkip`` returns the state it found (padded to 3)."""
-        if op_type != "RngReadAndSkip":
+        """An eager op ran: an ``RngReadAndSkip`` returns the state it found (padded to 3);
+        another that moved a generator on (``StatefulRandomBinomial``) leaves no trace of
+        where it was, and that generator is not put back: a later ``RngReadAndSkip`` found it
+        moved already (probe round 34), and it is left to the unrestored-update warning."""
+        if not knowledge.advances_generator(op_type):
             return
         handle = ops.state_input(op_type, inputs)
-        if handle is not None and outputs:
+        if handle is None:
+            return
+        if op_type == "RngReadAndSkip" and outputs:
             self._keep(handle, outputs[0])
+        else:
+            identity = ops.eager_identity(handle)
+            if identity not in self.states:
+                self.unread.add(identity)
 
     def _keep(self, handle: Any, found: Any) -> None:
         identity = ops.eager_identity(handle)
-        if identity in self.states or identity in self.late or identity in self.held():
+        if identity in self.states or identity in self.late or identity in self.unread:
+            return
+        if identity in self.held():
             return
         if self.closed:
             self.late.add(identity)
@@ -132,7 +145,7 @@ class GeneratorStates:
         with context.eager_mode():
             for identity, (handle, value) in self.states.items():
                 try:
-                    gen.assign_variable_op(handle, value)
+                    gen.assign_variable_op(handle, fresh_copy(value))
                 except Exception as exc:  # noqa: BLE001 - said by the caller
                     errors.append(f"{identity}: {exc}")
         return errors
