@@ -55,6 +55,11 @@ class FirstDivergence:
     # where unknown): with Keras's steps_per_execution a call trains several batches, and
     # "step 5 of 9" counted calls without saying so.
     step_function: str = ""
+    # The call the first divergent execution ran in where that is another function's call
+    # that leads into the step (fit's validation, an evaluation loop), not the step's own:
+    # "step 5 ... Steps 1 to 4 agree" read as if training had diverged (probe round 34).
+    other_call: str = ""
+    other_call_after: bool = False  # after the last step's call, not before the step's own
 
     def sentence(self) -> str:
         """:meth:`describe` as a sentence of its own."""
@@ -71,6 +76,11 @@ class FirstDivergence:
             at = f"at step {self.step} (the runs made different numbers of steps: {made})"
         else:
             at = f"at step {self.step} of {self.steps}"
+        when = "after" if self.other_call_after else "before"
+        if self.step is not None and self.other_call:
+            at += f", in a call of {self.other_call} {when} that step's own call"
+        elif self.step is not None and self.other_call_after:
+            at += ", after that step's own call"
         role = "control-flow difference" if self.role == "control flow" else self.role
         text = f"the runs first part {at}, in {where}, a {role}"
         if self.explanation:
@@ -165,6 +175,24 @@ def step_function(rec: Recording, steps: list[int]) -> str:
     return op.op_type if op.op_type == "Session.run" else function_name(op.op_type)
 
 
+def other_call(rec: Recording, call_seq: int, steps: list[int]) -> str:
+    """The function of top-level call ``call_seq`` where it is a call of another function than
+    the steps' (with the library function that made it, as "evaluate"), else ""."""
+    if not steps or call_seq in steps:
+        return ""
+    by_seq = {ev.seq: ev for ev in rec.events if ev.call == ev.seq}
+    call, step = by_seq.get(call_seq), by_seq.get(steps[0])
+    op = rec.ops.get(call.op_id) if call is not None else None
+    first = rec.ops.get(step.op_id) if step is not None else None
+    if op is None or first is None or not op.function or op.op_type == STEP_OP:
+        return ""  # an eager op between steps is part of the step it leads into
+    if step_callee(op) == step_callee(first):
+        return ""
+    callers = [c for c in op.key.partition(" via ")[2].split(" > ") if c and "<" not in c]
+    name = function_name(op.op_type)
+    return f"{name} (from {callers[-1]})" if callers else name
+
+
 def step_of(steps: list[int], call_seq: int) -> int | None:
     """The 1-based step an execution belongs to, given the seq of its top-level call."""
     if not steps:
@@ -233,6 +261,8 @@ def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstD
         run=run,
         steps_per_run=counts if len(set(counts)) > 1 else None,
         step_function=step_function(rec, steps),
+        other_call=other_call(rec, rec.events[index].call, steps),
+        other_call_after=bool(steps) and rec.events[index].call > steps[-1],
     )
 
 

@@ -638,7 +638,12 @@ def test_bisect_records_an_evaluation_with_the_step_it_leads_into(tmp_path: Any)
     assert proc.returncode == 1, proc.stderr[-3000:]
     first, _, second = proc.stdout.partition("=== --bisect: step 5 ")
     assert "first part at step 5 of 12" in first, proc.stdout
-    assert "first part at step 5 of 5, in MatMul" in second, second
+    # The op ran in the evaluation call that leads into step 5, and the report says so.
+    flat = " ".join(second.split())
+    assert (
+        "first part at step 5 of 5, in a call of evaluate before that step's own call, in MatMul"
+        in flat
+    ), second
     assert "Steps 1 to 4 agree" in second and "did not replay" not in second, second
     assert "(evaluate)" in second
 
@@ -702,3 +707,44 @@ def test_a_folded_step_names_its_function_without_the_key(callee: str, name: str
     )
     rec.events.append(Event(0, 1, 0, [(1, 2)]))
     assert step_function(rec, [0]) == name
+
+
+_VALIDATION_SHUFFLED = """
+import keras
+import numpy as np
+import tensorflow as tf
+import nddebug
+
+x = np.linspace(-1, 1, 64 * 8, dtype=np.float32).reshape(64, 8)
+y = x[:, :1] * 2
+train = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+validation = tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).shuffle(32).batch(8)  # no seed
+init = keras.initializers.Ones()
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, kernel_initializer=init)])
+model.compile(optimizer="sgd", loss="mse")
+with nddebug.trace():
+    model.fit(train, validation_data=validation, epochs=2, verbose=0)
+"""
+
+
+def test_a_divergence_in_validation_is_said_to_be_in_another_call_than_the_step(
+    tmp_path: Any,
+) -> None:
+    """Training agrees and only fit's validation (its test function, called before the next
+    epoch's first step) reads a shuffled set: the report said "step 5 ... Steps 1 to 4
+    agree" as if training had diverged (probe round 34)."""
+    script = tmp_path / "fit.py"
+    script.write_text(textwrap.dedent(_VALIDATION_SHUFFLED))
+    proc = subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    fd = json.loads(proc.stdout)["summary"]["first_divergence"]
+    assert fd["step"] == 5 and fd["other_call_after"] is False, fd
+    assert fd["other_call"].startswith("multi_step_on_iterator (from "), fd
+    assert "evaluate" in fd["other_call"], fd
