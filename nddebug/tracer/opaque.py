@@ -271,10 +271,12 @@ def blind_spots(graph: Any) -> list[str]:
             found.append(
                 f"{NOT_COMPARED}the variables written by {ops.function_name(name)}, a function "
                 f"traced before nddebug.trace() and called inside {ops.function_name(graph.name)}"
-                ": TensorFlow runs such a call without telling nddebug. Create or first call it "
-                "inside the block, or pass the outer function to nddebug.check(), which "
-                "retraces it (a function restored from a SavedModel cannot be retraced). "
-                "Variables passed to check() as state= are still compared after the step."
+                ": TensorFlow runs such a call without telling nddebug, and nddebug.check() "
+                "retraces only the function it is given, not the tf.functions it calls that "
+                "were traced before. Create or first call this one inside the block (or "
+                "create it anew there; a function restored from a SavedModel cannot be "
+                "retraced). Variables passed to check() as state= are still compared after "
+                "the step."
             )
     return found
 
