@@ -63,3 +63,20 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 600)
 
 def variables_bytes(variables: list) -> list[bytes]:
     return [v.numpy().tobytes() for v in variables]
+
+
+def nddebug_run(
+    folder: Any, script_text: str, *options: str, name: str = "train.py", timeout: int = 400
+) -> subprocess.CompletedProcess:
+    """``nddebug run -n 2 OPTIONS script`` on ``script_text``, saved as ``name`` in ``folder``
+    and run there (the files it writes land there too)."""
+    script = folder / name
+    script.write_text(textwrap.dedent(script_text))
+    return subprocess.run(
+        [sys.executable, "-m", "nddebug", "run", "-n", "2", *options, str(script)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=folder,
+        timeout=timeout,
+    )

@@ -7,16 +7,13 @@ An input pipeline that differed was reported with every possible cause listed (p
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import pytest
 import tensorflow as tf
 
 from nddebug.tracer.datasets import dataset_stages
-from tests.helpers import subprocess_env
+from tests.helpers import nddebug_run
 
 
 def _base() -> Any:
@@ -93,16 +90,7 @@ with nddebug.trace():
 
 
 def test_nddebug_run_names_the_unseeded_shuffle_behind_the_iterator(tmp_path: Any) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(_UNSEEDED_SHUFFLE))
-    proc = subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=400,
-    )
+    proc = nddebug_run(tmp_path, _UNSEEDED_SHUFFLE, "--format", "json", name="train.py")
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     sources = [c for c in report["culprits"] if c["role"] == "source"]
@@ -129,16 +117,7 @@ def test_a_fit_names_the_unseeded_shuffle_of_the_iterator_it_passes_its_train_fu
 ) -> None:
     """Keras passes fit's iterator to its train function as an argument: the read cannot
     say which iterator it is, and the one pipeline the block bound one to is named."""
-    script = tmp_path / "fit.py"
-    script.write_text(textwrap.dedent(_FIT_ON_UNSEEDED_SHUFFLE))
-    proc = subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=400,
-    )
+    proc = nddebug_run(tmp_path, _FIT_ON_UNSEEDED_SHUFFLE, "--format", "json", name="fit.py")
     assert proc.returncode == 1, proc.stderr[-3000:]
     sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
     assert len(sources) == 1, sources
@@ -181,16 +160,7 @@ with nddebug.trace():
 def test_a_pipeline_that_holds_no_such_stage_says_its_values_differed(tmp_path: Any) -> None:
     """A deterministic pipeline over values that differ between processes: the read is the
     source, and no stage of its dataset is to blame (it listed every possible cause)."""
-    script = tmp_path / "values.py"
-    script.write_text(textwrap.dedent(_DATA_THAT_DIFFERS))
-    proc = subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=400,
-    )
+    proc = nddebug_run(tmp_path, _DATA_THAT_DIFFERS, "--format", "json", name="values.py")
     assert proc.returncode == 1, proc.stderr[-3000:]
     sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
     assert [s["op_type"] for s in sources] == ["IteratorGetNext"], sources

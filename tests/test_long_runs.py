@@ -18,7 +18,7 @@ import tensorflow as tf
 import nddebug
 from nddebug.examples import detection
 from nddebug.timeline import sparkline, step_of
-from tests.helpers import subprocess_env
+from tests.helpers import nddebug_run, subprocess_env
 
 
 def _small_loop() -> Callable[..., Any]:
@@ -203,16 +203,7 @@ _PER_PROCESS_LOOP = textwrap.dedent(
 
 
 def test_nddebug_run_names_the_step_where_processes_part(tmp_path: Any) -> None:
-    script = tmp_path / "loop.py"
-    script.write_text(_PER_PROCESS_LOOP)
-    proc = subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = nddebug_run(tmp_path, _PER_PROCESS_LOOP, "--format", "json", name="loop.py")
     assert proc.returncode == 1, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)["summary"]
     assert summary["first_divergence"]["step"] == 41
@@ -247,16 +238,7 @@ def test_a_bad_detail_is_refused_before_anything_runs() -> None:
 def _bisect(tmp_path: Any, script_text: str) -> subprocess.CompletedProcess:
     """``nddebug run -n 2 --bisect`` on ``script_text``, saved as a script in ``tmp_path`` and
     run there (its files land there too)."""
-    script = tmp_path / "loop.py"
-    script.write_text(script_text)
-    return subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--bisect", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=400,
-    )
+    return nddebug_run(tmp_path, script_text, "--bisect", name="loop.py")
 
 
 def test_nddebug_run_bisect_names_the_op_of_the_first_divergent_step(tmp_path: Any) -> None:
@@ -733,16 +715,7 @@ def test_a_divergence_in_validation_is_said_to_be_in_another_call_than_the_step(
     """Training agrees and only fit's validation (its test function, called before the next
     epoch's first step) reads a shuffled set: the report said "step 5 ... Steps 1 to 4
     agree" as if training had diverged (probe round 34)."""
-    script = tmp_path / "fit.py"
-    script.write_text(textwrap.dedent(_VALIDATION_SHUFFLED))
-    proc = subprocess.run(
-        [sys.executable, "-m", "nddebug", "run", "-n", "2", "--format", "json", str(script)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=400,
-    )
+    proc = nddebug_run(tmp_path, _VALIDATION_SHUFFLED, "--format", "json", name="fit.py")
     assert proc.returncode == 1, proc.stderr[-3000:]
     fd = json.loads(proc.stdout)["summary"]["first_divergence"]
     assert fd["step"] == 5 and fd["other_call_after"] is False, fd

@@ -168,11 +168,11 @@ def _tree(dataset: Any) -> list[Any]:
     return out
 
 
-def _unseeded(shuffle: Any) -> bool:
-    """Whether a shuffle's seeds are both 0 (no seed anywhere: tf.data then picks one at
-    random when an iterator is made)."""
+def _unseeded(dataset: Any) -> bool:
+    """Whether a shuffle's (or Dataset.random()'s) seeds are both 0 (no seed anywhere:
+    tf.data then picks one at random when an iterator is made)."""
     try:
-        seeds = [int(shuffle._seed), int(shuffle._seed2)]
+        seeds = [int(dataset._seed), int(dataset._seed2)]
     except Exception:  # noqa: BLE001 - seeds that are not readable numbers: not named
         return False
     return seeds == [0, 0]

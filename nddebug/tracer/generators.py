@@ -63,7 +63,7 @@ def generator_args(name: str) -> frozenset[int]:
             ref = node.input[0]
         return None
 
-    found: set[int] = set()
+    found: set[int | None] = set()  # None: an input that is no argument of this function
     for node in fdef.node_def:
         inputs = [x for x in node.input if not x.startswith("^")]
         if knowledge.advances_generator(node.op) and inputs:
@@ -74,8 +74,7 @@ def generator_args(name: str) -> frozenset[int]:
                 for k in generator_args(callee):
                     if offset + k < len(inputs):
                         found.add(arg_of(inputs[offset + k]))
-    found.discard(None)
-    return frozenset(found)  # type: ignore[arg-type]
+    return frozenset(i for i in found if i is not None)
 
 
 class GeneratorStates:
