@@ -95,6 +95,10 @@ PIPELINE_OPS = "pipeline_ops"
 #: runs (a parallel map with deterministic=False, an unseeded shuffle, Python code), one
 #: sentence each, [] for a dataset that holds none (see ``tracer.datasets``).
 DATASET_STAGES = "dataset_stages"
+#: OpInfo.attrs key of a call of Keras's train or test function: the model's
+#: ``steps_per_execution`` when the call was first made, the most batches one call takes
+#: (a step of a long run is one call; see timeline.FirstDivergence).
+BATCHES_PER_CALL = "batches_per_call"
 #: OpInfo.attrs key of a while loop (its While op) that runs iterations side by side
 #: (parallel_iterations > 1) and holds stateful random ops: their types (see
 #: risks.known_risks and the knowledge entry "legacy random ops in parallel loop iterations").

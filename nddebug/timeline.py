@@ -17,7 +17,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from nddebug.recording import Event, OpInfo, Recording, function_name, step_callee
+from nddebug.recording import (
+    BATCHES_PER_CALL,
+    Event,
+    OpInfo,
+    Recording,
+    function_name,
+    is_int,
+    step_callee,
+)
 
 #: The pseudo-op of a step folded into one digest (nddebug.tracer.steps.STEP_OP).
 STEP_OP = "Step"
@@ -29,6 +37,12 @@ CALL_IS = {
     "multi_step_on_iterator": (
         "Keras's train function: steps_per_execution batches a call, 1 by default"
     ),
+}
+#: The same where the recording holds the model's steps_per_execution (k; see
+#: recording.BATCHES_PER_CALL).
+CALL_IS_K = {
+    "multi_step_on_iterator": "Keras's train function: steps_per_execution={k}, so a call "
+    "trains {batches}",
 }
 
 
@@ -60,6 +74,9 @@ class FirstDivergence:
     # "step 5 ... Steps 1 to 4 agree" read as if training had diverged (probe round 34).
     other_call: str = ""
     other_call_after: bool = False  # after the last step's call, not before the step's own
+    # The most batches one call of step_function takes (Keras's steps_per_execution; 0 where
+    # the recording does not say): "1 by default" did not say what the user had set.
+    batches_per_call: int = 0
 
     def sentence(self) -> str:
         """:meth:`describe` as a sentence of its own."""
@@ -89,7 +106,11 @@ class FirstDivergence:
             text += f". Steps 1 to {self.step - 1} agree bit for bit"
         if self.step is not None and self.step_function and self.steps > 1:
             text += f". A step is one call of {self.step_function}"
-            if self.step_function in CALL_IS:
+            if self.batches_per_call and self.step_function in CALL_IS_K:
+                k = self.batches_per_call
+                batches = "one batch" if k == 1 else f"up to {k} batches"
+                text += f" ({CALL_IS_K[self.step_function].format(k=k, batches=batches)})"
+            elif self.step_function in CALL_IS:
                 text += f" ({CALL_IS[self.step_function]})"
         return text
 
@@ -173,6 +194,15 @@ def step_function(rec: Recording, steps: list[int]) -> str:
         callee = callee.split(":", 1)[-1]
         return function_name(callee) if callee else ""
     return op.op_type if op.op_type == "Session.run" else function_name(op.op_type)
+
+
+def batches_per_call(rec: Recording, steps: list[int]) -> int:
+    """The most batches one step's call takes, where the first step's op says (Keras's
+    steps_per_execution; recording.BATCHES_PER_CALL), else 0."""
+    first = next((ev for ev in rec.events if steps and ev.seq == steps[0]), None)
+    op = rec.ops.get(first.op_id) if first is not None else None
+    k = op.attrs.get(BATCHES_PER_CALL, 0) if op is not None else 0
+    return k if is_int(k) and k > 0 else 0
 
 
 def other_call(rec: Recording, call_seq: int, steps: list[int]) -> str:
@@ -261,6 +291,7 @@ def first_divergence(recordings: list[Recording], findings: list[Any]) -> FirstD
         run=run,
         steps_per_run=counts if len(set(counts)) > 1 else None,
         step_function=step_function(rec, steps),
+        batches_per_call=batches_per_call(rec, steps),
         other_call=other_call(rec, rec.events[index].call, steps),
         other_call_after=bool(steps) and rec.events[index].call > steps[-1],
     )

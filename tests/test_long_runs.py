@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -570,15 +571,23 @@ def test_a_step_of_keras_with_steps_per_execution_is_said_to_be_one_call(detail:
             model.fit(data, verbose=0)
         return rec
 
-    report = nddebug.compare([run(None), run(8)])
+    recs = [run(None), run(8)]
+    report = nddebug.compare(recs)
     fd = report.first_divergence
     # Batch 9 of 10 is in the third call; a fourth found the generator's end (its length is
     # unknown to Keras), and it is a call too.
     assert fd is not None and (fd.step, fd.steps) == (3, 4), fd
     assert fd.step_function == "multi_step_on_iterator"
     text = " ".join(str(report).split())
+    assert fd.batches_per_call == 4, fd
     assert "A step is one call of multi_step_on_iterator (Keras's train function: " in text
-    assert "steps_per_execution batches a call, 1 by default)" in text
+    assert "steps_per_execution=4, so a call trains up to 4 batches)" in text
+    # The file keeps it: the same sentence from the saved recordings.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "runs.ndtrace")
+        for rec in recs:
+            rec.save(path)
+        assert nddebug.compare(nddebug.load(path)).first_divergence == fd
 
 
 _EVAL_EVERY_4 = """

@@ -15,6 +15,7 @@ import numpy as np
 from nddebug import digest as dg
 from nddebug import native
 from nddebug.recording import (
+    BATCHES_PER_CALL,
     DATASET_STAGES,
     NOT_COMPARED,
     OPAQUE,
@@ -25,7 +26,7 @@ from nddebug.recording import (
     restored_function,
 )
 from nddebug.tracer import datasets, opaque, ops, rerun, undefined
-from nddebug.tracer.location import eager_location, library_callers
+from nddebug.tracer.location import eager_location, keras_steps_per_execution, library_callers
 from nddebug.tracer.registry import REGISTRY, inside_nddebug
 
 
@@ -361,6 +362,10 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             rerun=blocker,
             written=opaque.variable_names([h for h, _ in variables]) if variables else [],
         )
+        if called and "Trainer." in key:  # Keras's train or test function, from fit etc.
+            k = keras_steps_per_execution()
+            if k:
+                rec.recording.ops[op_id].attrs[BATCHES_PER_CALL] = k
         if function == "xla":
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             rec.xla_functions.add(op_type)

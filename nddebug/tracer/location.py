@@ -223,6 +223,25 @@ def library_callers(lib_dirs: tuple[str, ...]) -> str:
     return " > ".join(reversed(names))
 
 
+#: The Keras methods whose frame holds the model as ``self`` when they call its train, test
+#: or predict function.
+_KERAS_LOOPS = frozenset({"fit", "evaluate", "predict"})
+
+
+def keras_steps_per_execution() -> int:
+    """The ``steps_per_execution`` of the Keras model whose ``fit``, ``evaluate`` or
+    ``predict`` is running on this thread (0 where none is): how many batches one call of its
+    train function takes at most. Asked once per call site, never per op."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in _KERAS_LOOPS and "keras" in frame.f_code.co_filename:
+            k = getattr(frame.f_locals.get("self"), "steps_per_execution", None)
+            with contextlib.suppress(TypeError, ValueError):
+                return max(1, int(k))
+        frame = frame.f_back
+    return 0
+
+
 @functools.cache
 def _not_library() -> tuple[str, ...]:
     """Frames that are not a library's calling code: TensorFlow's own, nddebug's, the

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from nddebug.recording import Event, OpInfo, step_callee
+from nddebug.recording import BATCHES_PER_CALL, Event, OpInfo, step_callee
 
 STEP_OP = "Step"
 SESSION_RUN = "Session.run"  # the pseudo-op of a TF1 Session.run (a top-level call)
@@ -88,19 +88,20 @@ class StepFolder:
             return
         total, count = 0, 0
         ops = recorder.recording.ops
-        callee = ""
+        callee, batches = "", 0
         for ev in mine:
             op = ops.get(ev.op_id)
             total = (total + _hash(op.key if op is not None else str(ev.op_id), ev.digests)) & _MASK
             count += 1
             if op is not None and ev.call == ev.seq and (op.function or op.op_type == SESSION_RUN):
                 callee = step_callee(op)  # the call that ends the step comes last
+                batches = op.attrs.get(BATCHES_PER_CALL, 0)
         seq = recorder.next_seq()
-        step_op = self._step_op(recorder, callee)
+        step_op = self._step_op(recorder, callee, batches)
         events.append(Event(seq, step_op, seq, [(_signed(total), count)], []))
         self.start = len(events)
 
-    def _step_op(self, recorder: Any, callee: str) -> int:
+    def _step_op(self, recorder: Any, callee: str, batches: int = 0) -> int:
         """The pseudo-op of the steps that a call of ``callee`` ends: one per function, so
         that steps are counted as the calls of the function called most often, as for a
         block recorded in full (Keras's evaluation calls between training steps are not
@@ -125,6 +126,8 @@ class StepFolder:
                 "name its ops",
                 attrs={"callee": callee} if callee else {},
             )
+            if batches:  # Keras's steps_per_execution, as the call's op holds it
+                recorder.recording.ops[op_id].attrs[BATCHES_PER_CALL] = batches
         return op_id
 
 
