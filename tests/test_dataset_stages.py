@@ -98,6 +98,21 @@ def test_nddebug_run_names_the_unseeded_shuffle_behind_the_iterator(tmp_path: An
     assert "Dataset.shuffle with no seed and no tf.random.set_seed" in sources[0]["explanation"]
 
 
+def test_an_iterator_made_before_the_block_names_its_unseeded_shuffle(tmp_path: Any) -> None:
+    """The block sees no binding of an iterator made before it: its dataset is found through
+    the iterator object at the first read (it listed every possible cause)."""
+    script = _UNSEEDED_SHUFFLE.replace(
+        "with nddebug.trace():\n    for x in data:\n        step(x)",
+        "it = iter(data)\nwith nddebug.trace():\n    for _ in range(4):\n        step(next(it))",
+    )
+    assert "iter(data)" in script
+    proc = nddebug_run(tmp_path, script, "--format", "json", name="early.py")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
+    assert [s["op_type"] for s in sources] == ["IteratorGetNext"], sources
+    assert "Dataset.shuffle with no seed and no tf.random.set_seed" in sources[0]["explanation"]
+
+
 _FIT_ON_UNSEEDED_SHUFFLE = """
 import keras
 import tensorflow as tf

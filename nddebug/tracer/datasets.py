@@ -91,6 +91,26 @@ def dataset_of(variant: Any, depth: int = 30) -> Any:
     return None
 
 
+def iterator_dataset(handle_id: int, depth: int = 30) -> Any:
+    """The ``tf.data.Dataset`` a tf.data iterator reads, from the frames of the code reading
+    it: the iterator whose resource handle has ``_id`` ``handle_id`` keeps the dataset it was
+    made from (``OwnedIterator._dataset``). For an iterator made before the block, whose
+    binding nddebug did not see; None where no such frame is found."""
+    from tensorflow.python.data.ops import iterator_ops
+
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        it = frame.f_locals.get("self")
+        if isinstance(it, iterator_ops.OwnedIterator):
+            handle = getattr(it, "_iterator_resource", None)
+            if getattr(handle, "_id", None) == handle_id:
+                return getattr(it, "_dataset", None)
+        frame = frame.f_back
+    return None
+
+
 def dataset_stages(dataset: Any) -> list[str]:
     """The stages of a ``tf.data.Dataset`` (with those it is built on) that can make its
     elements differ between runs, one sentence each ([] where none)."""

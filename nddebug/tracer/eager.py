@@ -234,8 +234,21 @@ def _note_dataset(rec: Any, op: OpInfo, inputs: Any) -> None:
     """What in the dataset an iterator is being bound to can make its elements differ, kept
     per iterator on the binding op (every binding: one line of code can bind iterators to
     several datasets), to be named with the iterator's reads where the pipeline differs."""
-    dataset = datasets.dataset_of(inputs[0])
-    iterator = _resource("MakeIterator", inputs)
+    _keep_stages(op, _resource("MakeIterator", inputs), datasets.dataset_of(inputs[0]))
+
+
+def _note_read_dataset(rec: Any, op: OpInfo, inputs: Any) -> None:
+    """The same for an iterator the block did not see bound (made before it), kept on its
+    first read in the block: found through the iterator object reading it."""
+    handle = ops.state_input(op.op_type, inputs)
+    identity = ops.eager_identity(handle) if handle is not None else ""
+    if not identity or identity in rec.iterator_datasets or identity in rec.iterators_examined:
+        return
+    rec.iterators_examined.add(identity)
+    _keep_stages(op, identity, datasets.iterator_dataset(getattr(handle, "_id", None)))
+
+
+def _keep_stages(op: OpInfo, iterator: str, dataset: Any) -> None:
     stages = datasets.dataset_stages(dataset) if dataset is not None and iterator else []
     if stages or (dataset is not None and iterator and datasets.read_through(dataset)):
         # [] too where the dataset was read through: none of them is there
@@ -388,6 +401,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     seq = rec.next_seq()
     if op_type in _BINDS_ITERATOR and inputs:
         _note_dataset(rec, rec.recording.ops[op_id], inputs)
+    elif op_type in _READS_ITERATOR and inputs:
+        _note_read_dataset(rec, rec.recording.ops[op_id], inputs)
     ev = Event(
         seq=seq,
         op_id=op_id,

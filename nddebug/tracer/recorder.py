@@ -71,6 +71,9 @@ class Recorder:
         # Per iterator (eager identity): the stand-in digest of the dataset bound to it (see
         # eager._pipeline_inputs).
         self.iterator_datasets: dict[str, Any] = {}
+        # Iterators bound before the block whose dataset was looked for at their first read
+        # (see eager._note_read_dataset).
+        self.iterators_examined: set[str] = set()
         self.eager_sites: dict[str, int] = {}
         # Per eager site: the resources its ops used, in the order first seen (see on_eager).
         self.eager_site_resources: dict[str, dict[str, int]] = {}
