@@ -142,6 +142,31 @@ def test_rerun_of_a_deterministic_graph_is_ok_and_copies_are_not_merged() -> Non
     assert {op.type for op in copies} >= {"MatMul", "Mul", "Sum"}
 
 
+def test_rerun_re_executes_ops_with_a_scalar_string_output() -> None:
+    """A scalar string output (tf.print's StringFormat, tf.strings.join) reaches the host as
+    bytes, not an array: rerun mode raised AttributeError out of the step (probe round 35)."""
+    w = tf.Variable(1.0)
+
+    def make_step() -> Any:
+        @tf.function
+        def step(x: tf.Tensor) -> tf.Tensor:
+            tf.print("w =", w)
+            text = tf.strings.join(["a", tf.strings.as_string(x)])
+            w.assign_add(tf.cast(tf.strings.length(text), tf.float32) + x)
+            return w
+
+        return step
+
+    report = nddebug.check(make_step(), tf.constant(1.0), state=[w], mode="rerun")
+    assert report.ok, str(report)
+    assert float(w.numpy()) == 11.0  # one step: 1 + len("a1.000000") + 1
+    with nddebug.trace(rerun=1) as rec:
+        make_step()(tf.constant(1.0))
+    reran = {rec.ops[ev.op_id].op_type for ev in rec.events if ev.reruns}
+    assert {"StringFormat", "StringJoin"} <= reran, reran
+    assert nddebug.compare([rec]).ok
+
+
 def test_rerun_bad_input_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="rerun"):
         with nddebug.trace(rerun=-1):

@@ -157,7 +157,8 @@ def host_digests(
     ev.inputs = []
     reruns: list[list[dg.Digest | None]] = [list(ev.digests) for _ in range(k)]
     for i, slot in enumerate(slots):
-        original, *copies = arrays[i * (k + 1) : (i + 1) * (k + 1)]
+        # A scalar string output arrives as bytes (tf.print's StringFormat): as an array.
+        original, *copies = (dg.host_array(a) for a in arrays[i * (k + 1) : (i + 1) * (k + 1)])
         ev.digests[slot] = d = dg.digest_numpy(original)
         for j, copy in enumerate(copies):
             if _same_bits(original, copy):
