@@ -534,6 +534,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     device = recordings[0].environment.get("emulated_device", "")
     setup = first_run_setup(findings, first_only)
     data_writers = _data_function_writers(recordings)
+    changed = _changed_by_the_step(recordings)
     stages = _dataset_stages(recordings)
     python_functions = _python_functions(recordings)
     updates = _updates_per_graph(recordings)
@@ -561,6 +562,8 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
             _name_dataset_stages(f, stages)
         if f.role == "source" and f.op.resource in data_writers:
             _written_in_data(f, data_writers[f.op.resource])
+        elif f.role == "source" and in_process and f.op.resource in changed:
+            _changed_by_earlier_runs(f, changed[f.op.resource])
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
             _maybe_written_in_python(f, python_functions)
         elif f.role == "source" and f.kind == "other" and f.op.note == UPDATE_NOTE:
@@ -1202,6 +1205,48 @@ def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
             "built (an unseeded NumPy or Python draw, files or a set listed in another order, "
             "a table built in another order)"
         )
+
+
+#: Ops that change a lookup table's contents or a queue's, state that outlives a run of the
+#: step (a variable's writers are linked to its reads by the causality pass).
+_TABLE_OR_QUEUE_CHANGES = re.compile(r"^(LookupTable(Insert|Import|Remove)|Queue(Enqueue|Dequeue))")
+#: What reads such state back.
+_TABLE_OR_QUEUE_READS = re.compile(r"^(LookupTable(Find|Size|Export)|Queue(Dequeue|Size))")
+
+
+def _changed_by_the_step(recordings: list[Recording]) -> dict[str, OpInfo]:
+    """Per table or queue (its resource identity), an op of the step that changes it (see
+    :data:`_TABLE_OR_QUEUE_CHANGES`), in the order first seen."""
+    found: dict[str, OpInfo] = {}
+    for r in recordings:
+        for op in r.ops.values():
+            if op.resource and _TABLE_OR_QUEUE_CHANGES.match(op.op_type):
+                found.setdefault(op.resource, op)
+    return found
+
+
+def _changed_by_earlier_runs(f: OpFinding, changer: OpInfo) -> None:
+    """A source that reads a table or queue the step itself changes, in runs repeated in one
+    process: every fill of this run had equal inputs (else the read would be propagated), so
+    the contents it found were what the runs before left: carried over between runs, not a
+    vocabulary built in another order nor a queue filled by racing threads (probe round 35:
+    a MutableHashTable left out of state=, a FIFOQueue each repeat took the next element of)."""
+    if not _TABLE_OR_QUEUE_READS.match(f.op.op_type):
+        return
+    queue = f.op.op_type.startswith("Queue")
+    where = f" at {changer.location}" if changer.location else ""
+    f.kind = "other"
+    f.culprit = None
+    f.explanation = (
+        f"it reads a {'queue' if queue else 'lookup table'} that the step itself changes "
+        f"({changer.op_type}{where}), and every run found it as the runs before left it: "
+        + (
+            "each took the next elements, which nothing can put back"
+            if queue
+            else "its contents carried over between runs (state= holds a mutable table and "
+            "puts it back before every run)"
+        )
+    )
 
 
 def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -14,6 +15,22 @@ from nddebug.report import Report
 from nddebug.tracer.generators import GeneratorStates
 from nddebug.tracer.ops import WRITER, eager_identity
 
+#: Ops that change a lookup table's contents (a mutable table is state: state= holds it).
+TABLE_WRITERS = re.compile(r"^LookupTable(Insert|Import|Remove)")
+#: Ops that take a step's next input from state that goes on between runs, which check()
+#: cannot rewind: a tf.data iterator's next element, a queue's next elements.
+TAKES_NEXT = ("IteratorGetNext", "QueueDequeue")
+
+
+def _updates(op_type: str) -> bool:
+    """Whether ``op_type`` changes state that state= can hold: a variable (a generator's
+    too) or a mutable lookup table."""
+    return bool(
+        WRITER.match(op_type)
+        or TABLE_WRITERS.match(op_type)
+        or knowledge.advances_generator(op_type)
+    )
+
 
 def _may_update_variables(recording: Recording) -> bool:
     """Whether a run may have changed a variable: an update op, or code it could not see into
@@ -21,7 +38,7 @@ def _may_update_variables(recording: Recording) -> bool:
     function). A step that only reads variables (``model.predict``) starts every repeat
     from the same values; it was told to pass state= all the same."""
     for op in recording.ops.values():
-        if op.resource and WRITER.match(op.op_type):
+        if op.resource and (WRITER.match(op.op_type) or TABLE_WRITERS.match(op.op_type)):
             return True
         if op.function in ("uninstrumented", "xla"):
             return True  # it may write what it captures, unseen
@@ -38,6 +55,8 @@ def held_identities(variables: list[Any]) -> set[str]:
     for v in variables:
         for part in (v, *(getattr(v, "_values", None) or ())):
             handle = getattr(part, "handle", None)
+            if handle is None:  # a lookup table
+                handle = getattr(part, "resource_handle", None)
             if getattr(handle, "_id", None) is not None:
                 kept.add(eager_identity(handle))
     return kept
@@ -46,16 +65,16 @@ def held_identities(variables: list[Any]) -> set[str]:
 def unrestored_updates(
     recording: Recording, variables: list[Any], restored: set[str] = frozenset()
 ) -> list[str]:
-    """The ops of ``recording`` that update a variable (known by its eager handle) that none
-    of ``variables`` is and check() did not restore otherwise (``restored``: the generators
-    it found), one "op at location" per variable: a custom loop's optimizer slots left out of
-    state= make every repeat start from other values, and a deterministic step look NOT
-    reproducible. A draw from a tf.random.Generator updates its state too."""
+    """The ops of ``recording`` that update a variable or a mutable lookup table (known by
+    its eager handle) that none of ``variables`` is and check() did not restore otherwise
+    (``restored``: the generators it found), one "op at location" per variable: a custom
+    loop's optimizer slots left out of state= make every repeat start from other values, and
+    a deterministic step look NOT reproducible. A draw from a tf.random.Generator updates its
+    state too, and an insert into a MutableHashTable its contents."""
     kept = held_identities(variables) | set(restored)
     missed: dict[str, str] = {}
     for op in recording.ops.values():
-        updates = WRITER.match(op.op_type) or knowledge.advances_generator(op.op_type)
-        if op.resource.startswith("eager:") and updates:
+        if op.resource.startswith("eager:") and _updates(op.op_type):
             if op.resource not in kept:
                 where = f" at {op.location}" if op.location else ""
                 missed.setdefault(op.resource, f"{op.op_name or op.op_type}{where}")
@@ -72,7 +91,7 @@ def iterators_carried_over(first: Recording, second: Recording) -> dict[str, str
         return {
             op.resource: (op.key, f"{op.op_type} at {op.location}" if op.location else op.op_type)
             for op in rec.ops.values()
-            if op.resource.startswith("eager:") and op.op_type.startswith("IteratorGetNext")
+            if op.resource.startswith("eager:") and op.op_type.startswith(TAKES_NEXT)
         }
 
     again = reads(second)
@@ -112,12 +131,21 @@ def _moved_iterator_note(older: list[str]) -> str:
 def _iterator_note(report: Report, carried: dict[str, str], passed: bool) -> str:
     """The warning for repeats that read on from one iterator, where that made an iterator
     op diverge ("" otherwise): the pipeline is not to blame, the repeats' inputs differ."""
-    diverged = [f for f in report.comparison.findings if f.op.op_type.startswith("IteratorGetNext")]
+    diverged = [f for f in report.comparison.findings if f.op.op_type.startswith(TAKES_NEXT)]
     named = sorted({carried[f.key] for f in diverged if f.key in carried})
     if not named and passed and diverged:
         named = sorted({f"{f.op.op_type} at {f.op.location}" for f in diverged})
     if not named:
         return ""
+    if all(n.startswith("QueueDequeue") for n in named):
+        return (
+            f"The step takes the next elements of a queue it did not create "
+            f"({', '.join(named[:3])}): each repeat takes the next ones, and check() cannot "
+            "put them back, so the repeats' inputs differ whatever the queue's producers do, "
+            "and the training after check() finds the queue further on than without it. "
+            "Take the elements outside the step and pass them as an argument "
+            "(check(step, batch, ...))."
+        )
     what = "an iterator passed to it" if passed and not carried else "an iterator it did not create"
     return (
         f"The step takes the next element of {what} ({', '.join(named[:3])}): each repeat "
@@ -450,21 +478,23 @@ def check(
             warm.warnings.append(xla_random)
         if mode == "repeat" and state is None and _may_update_variables(warm):
             warnings.append(
-                "The step updates variables but no state= was given: every repeat "
-                "starts from whatever the previous one left. Pass the model, optimizer or "
-                "variables as state= to restore them."
+                "The step updates variables (or lookup tables) but no state= was given: every "
+                "repeat starts from whatever the previous one left. Pass the model, optimizer, "
+                "variables or tables as state= to restore them."
             )
         elif mode == "repeat" and state is not None:
-            missed = unrestored_updates(warm, keeper.variables, generators.identities())
+            missed = unrestored_updates(
+                warm, [*keeper.variables, *keeper.tables], generators.identities()
+            )
             if missed:
                 more = f" and {len(missed) - 3} more" if len(missed) > 3 else ""
                 warnings.append(
-                    f"The step updates {len(missed)} variable(s) that state= does not hold "
-                    f"(updated by {', '.join(missed[:3])}{more}): every repeat starts from "
-                    "what the previous one left in them, so what reads them differs, and the "
-                    "steps after the check go on from where the last run left them. Add "
+                    f"The step updates {len(missed)} variable(s) or table(s) that state= does "
+                    f"not hold (updated by {', '.join(missed[:3])}{more}): every repeat starts "
+                    "from what the previous one left in them, so what reads them differs, and "
+                    "the steps after the check go on from where the last run left them. Add "
                     "their owner to state= (an optimizer: state=[model, optimizer]; a "
-                    "tf.random.Generator: the generator)."
+                    "tf.random.Generator or a MutableHashTable: itself)."
                 )
         if mode == "rerun":
             # One traced step is the whole check: its ops were compared with themselves.

@@ -758,6 +758,72 @@ def test_a_variable_the_step_updates_but_state_does_not_hold_is_named() -> None:
     assert not any("state= does not hold" in x for x in full.warnings)
 
 
+@pytest.mark.parametrize("kind", ["MutableHashTable", "DenseHashTable"])
+def test_a_table_the_step_updates_but_state_does_not_hold_is_named(kind: str) -> None:
+    """A mutable lookup table the step inserts into, left out of state=: every repeat read
+    what the previous one inserted, so a deterministic step was NOT reproducible with the
+    advice for a vocabulary built in another order, and nothing said that the table was
+    left 4 inserts on (probe round 35, finding 1). The warning names the insert; with the
+    table in state= the step is reproducible and the table ends one step on."""
+    w = tf.Variable(tf.zeros([3]))
+    if kind == "MutableHashTable":
+        table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, default_value=0.0)
+    else:
+        table = tf.lookup.experimental.DenseHashTable(
+            tf.int64, tf.float32, default_value=0.0, empty_key=-1, deleted_key=-2
+        )
+    key = tf.constant(7, tf.int64)
+
+    @tf.function
+    def step(x):
+        v = table.lookup(key)
+        table.insert(key, v + 1.0)
+        w.assign_add(v * x)
+        return w.read_value()
+
+    x = tf.constant([1.0, 2.0, 3.0])
+    step(x)
+    partial = nddebug.check(step, x, state=w, repeats=3)
+    assert not partial.ok
+    named = [m for m in partial.warnings if "state= does not hold" in m]
+    assert len(named) == 1 and "LookupTableInsertV2" in named[0], partial.warnings
+    # The read is the source, and not for a vocabulary built in another order.
+    (source,) = [f for f in partial.comparison.findings if f.role == "source"]
+    assert source.op.op_type == "LookupTableFindV2" and source.kind == "other"
+    assert "a lookup table that the step itself changes (LookupTableInsertV2" in (
+        source.explanation
+    )
+    assert "vocabulary" not in str(partial), str(partial)
+    table.insert(key, tf.constant(1.0))  # as after the first step
+    full = nddebug.check(step, x, state=[w, table], repeats=3)
+    assert full.ok, full.culprits
+    assert not any("state= does not hold" in m for m in full.warnings)
+    assert float(table.lookup(key)) == 2.0  # one step on
+
+
+def test_a_queue_the_step_takes_from_is_named() -> None:
+    """A FIFOQueue filled before check(): each repeat dequeues the next element, which no
+    state= can put back. The source was QueueDequeueV2 with advice for TF1 queue runners;
+    the warning says the repeats' inputs differ and why (probe round 35, finding 2)."""
+    w = tf.Variable(tf.zeros([3]))
+    queue = tf.queue.FIFOQueue(100, tf.float32, shapes=[])
+    queue.enqueue_many(tf.range(100, dtype=tf.float32) * 0.5 + 1.0)
+
+    @tf.function
+    def step(x):
+        w.assign_add(queue.dequeue() * x)
+        return w.read_value()
+
+    report = nddebug.check(step, tf.constant([1.0, 2.0, 3.0]), state=w, repeats=3)
+    assert not report.ok
+    named = [m for m in report.warnings if "a queue it did not create" in m]
+    assert len(named) == 1 and "QueueDequeueV2" in named[0], report.warnings
+    (source,) = [f for f in report.comparison.findings if f.role == "source"]
+    assert source.op.op_type == "QueueDequeueV2"
+    assert "a queue that the step itself changes" in source.explanation
+    assert "shuffle_batch" not in str(report), str(report)  # TF1 queue runners' advice
+
+
 @pytest.mark.parametrize(
     "bad, named",
     [
