@@ -476,6 +476,10 @@ def check(
         if xla_random and xla_random not in warnings:
             warnings.append(xla_random)
             warm.warnings.append(xla_random)
+        written = _summaries_note(warm)
+        if written and written not in warnings:
+            warnings.append(written)
+            warm.warnings.append(written)
         if mode == "repeat" and state is None and _may_update_variables(warm):
             warnings.append(
                 "The step updates variables (or lookup tables) but no state= was given: every "
@@ -781,6 +785,32 @@ def _not_emulated_note(rec: Recording) -> str:
         "traced before the check and called by the step: pass it to check() itself, or first "
         "call it inside the step; an XLA cluster: check() goes on with XLA off; a function "
         "restored from a SavedModel: check the code it was made from."
+    )
+
+
+#: Ops that write a summary to a file (tf.summary.write and the TensorBoard summaries on it).
+SUMMARY_WRITES = re.compile(r"^(Write\w*Summary|ImportEvent)$")
+
+
+def _summaries_note(rec: Recording) -> str:
+    """What check()'s runs add to the user's logs ("" if nothing): every run of a step that
+    writes summaries writes them again, at the step number state= put back, so TensorBoard
+    showed five points at one step (probe round 35, finding 4). Only the ops that ran."""
+    ran = {ev.op_id for ev in rec.events}
+    found = sorted(
+        {
+            f"{op.op_type} at {op.location}" if op.location else op.op_type
+            for op_id, op in rec.ops.items()
+            if op_id in ran and SUMMARY_WRITES.match(op.op_type)
+        }
+    )
+    if not found:
+        return ""
+    return (
+        f"The step writes summaries ({', '.join(found[:3])}): each of check()'s runs wrote them "
+        "again, at the step number it started from, so the event file holds extra points at "
+        "that step (TensorBoard shows several values there). Check a step that writes no "
+        "summaries, or write them outside the checked function."
     )
 
 

@@ -729,6 +729,11 @@ def test_a_summary_written_with_a_python_step_counter_changes_no_verdict(tmp_pat
 
     report = nddebug.check(step, state=w, repeats=3)
     assert report.ok, report.culprits
+    # But every run wrote it again: said, so that extra TensorBoard points are no surprise.
+    said = [m for m in report.warnings if m.startswith("The step writes summaries")]
+    assert len(said) == 1 and "WriteSummary at " in said[0], report.warnings
+    quiet = nddebug.check(compute, state=w, repeats=3)
+    assert not any("summaries" in m for m in quiet.warnings), quiet.warnings
 
 
 def test_a_variable_the_step_updates_but_state_does_not_hold_is_named() -> None:
