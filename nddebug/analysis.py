@@ -23,6 +23,7 @@ from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     CALL_OPS,
+    DATASET_PASSES,
     DATASET_STAGES,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
@@ -586,6 +587,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     _seed_state_reads(findings)
     if in_process:
         _seeded_streams(findings, recordings)
+        _seeded_passes(findings, recordings)
     # A propagated op carries the kind of the first source upstream of it.
     first_source = min(
         (f for f in findings if f.role == "source"), key=lambda f: f.first_seq, default=None
@@ -1388,6 +1390,38 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
             "TensorFlow for the process, gives the next numbers at each call, so the runs "
             "drew different ones from the same seeds while fresh processes draw the same; "
             "not non-determinism, but what it feeds could not be compared"
+        )
+
+
+def _seeded_passes(findings: list[OpFinding], recordings: list[Recording]) -> None:
+    """In runs of one process: an iterator's read that differs where every run made a new
+    iterator over one dataset object that reshuffles with a seed on every pass
+    (``DATASET_PASSES``): each run was the next pass, which comes in another order by design,
+    while fresh processes make the same passes. A step that loops over such a dataset
+    (``for x in ds``) was "NOT reproducible", blamed on the data (probe round 35, finding 7).
+    A dataset built in each run is a new object whose first pass is the same: not this."""
+    bound: dict[str, tuple[str, list[str]]] = {}
+    for r in recordings:
+        for op in r.ops.values():
+            for iterator, entry in (op.attrs.get(DATASET_PASSES) or {}).items():
+                if isinstance(entry, dict):
+                    bound[iterator] = (str(entry.get("dataset")), list(entry.get("shuffles", [])))
+    for f in findings:
+        if f.role != "source" or not f.op.op_type.startswith("IteratorGetNext"):
+            continue
+        own = bound.get(f.op.resource)
+        if own is None:
+            continue
+        iterators = {it for it, (dataset, _) in bound.items() if dataset == own[0]}
+        if len(iterators) < 2:  # one iterator, read on: not a new pass per run
+            continue
+        f.kind = "seeded pass"
+        f.culprit = None
+        f.explanation = (
+            "every run began a new pass over one dataset that reshuffles on every pass "
+            f"({'; '.join(own[1])}): each pass comes in another order by design, "
+            "while fresh processes make the same passes; not non-determinism, but what it "
+            "feeds could not be compared"
         )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from nddebug import knowledge
 from nddebug import state as st
-from nddebug.recording import OPAQUE, PIPELINE_OPS, Recording, seeded_random
+from nddebug.recording import DATASET_PASSES, OPAQUE, PIPELINE_OPS, Recording, seeded_random
 from nddebug.report import Report
 from nddebug.tracer.generators import GeneratorStates
 from nddebug.tracer.ops import WRITER, eager_identity
@@ -476,6 +476,10 @@ def check(
         if xla_random and xla_random not in warnings:
             warnings.append(xla_random)
             warm.warnings.append(xla_random)
+        passes = _passes_note(warm, first_new_id)
+        if passes and passes not in warnings:
+            warnings.append(passes)
+            warm.warnings.append(passes)
         written = _summaries_note(warm)
         if written and written not in warnings:
             warnings.append(written)
@@ -785,6 +789,29 @@ def _not_emulated_note(rec: Recording) -> str:
         "traced before the check and called by the step: pass it to check() itself, or first "
         "call it inside the step; an XLA cluster: check() goes on with XLA off; a function "
         "restored from a SavedModel: check the code it was made from."
+    )
+
+
+def _passes_note(rec: Recording, first_new_id: int) -> str:
+    """What check()'s runs leave behind in a dataset made before the check that reshuffles
+    with a seed on every pass ("" if the step began no pass over one): each run was one more
+    pass, which nothing can rewind, so the training after check() saw other orders than
+    without it (probe round 35, finding 7)."""
+    found: set[str] = set()
+    for op in rec.ops.values():
+        for entry in (op.attrs.get(DATASET_PASSES) or {}).values():
+            dataset = str(entry.get("dataset", "")).removeprefix("eager:")
+            if dataset.isdigit() and int(dataset) < first_new_id:
+                where = f" at {op.location}" if op.location else ""
+                found.add(f"{op.op_type}{where}")
+    if not found:
+        return ""
+    return (
+        f"The step begins a pass over a dataset made before check() that reshuffles with its "
+        f"seed on every pass ({', '.join(sorted(found)[:3])}): each of check()'s runs was one "
+        "more pass, which nothing can rewind, so the passes after check() come in other orders "
+        "than they would have without it. Check with shuffle(..., "
+        "reshuffle_each_iteration=False), or build the dataset inside the step."
     )
 
 

@@ -47,6 +47,7 @@ KINDS = (
     "race",
     "unordered updates",
     "seeded stream",
+    "seeded pass",
 )
 #: Kinds of sources that are not one op: calls nddebug cannot see inside, and work that other
 #: threads did. [advice] has a text for each, besides the culprit kinds.

@@ -95,6 +95,10 @@ PIPELINE_OPS = "pipeline_ops"
 #: runs (a parallel map with deterministic=False, an unseeded shuffle, Python code), one
 #: sentence each, [] for a dataset that holds none (see ``tracer.datasets``).
 DATASET_STAGES = "dataset_stages"
+#: OpInfo.attrs key next to DATASET_STAGES: per iterator, the dataset object it was bound to
+#: ("dataset", its variant's eager identity) where that holds seeded shuffles that reshuffle
+#: on every pass ("shuffles", one sentence each; see ``tracer.datasets.reshuffles``).
+DATASET_PASSES = "dataset_passes"
 #: OpInfo.attrs key of a call of Keras's train or test function: the model's
 #: ``steps_per_execution`` when the call was first made, the most batches one call takes
 #: (a step of a long run is one call; see timeline.FirstDivergence).

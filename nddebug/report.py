@@ -90,6 +90,11 @@ MODES = {
 }
 
 
+#: Kinds of sources that differ in runs repeated in one process by design, not between fresh
+#: processes: the verdict says what they kept from being compared, not "NOT reproducible".
+_BY_DESIGN = ("seeded stream", "seeded pass")
+
+
 class Report:
     """Which ops made the runs differ, why, and what to do about it."""
 
@@ -299,13 +304,16 @@ class Report:
         sources = [f for f in c.findings if f.role == "source"]
         streams_only = (
             bool(sources)
-            and all(f.kind == "seeded stream" for f in sources)
+            and all(f.kind in _BY_DESIGN for f in sources)
             and not any(f.role == "control flow" for f in c.findings)
         )
         if (c.findings and not streams_only) or c.paths or self._compiled_differs():
             return "NOT reproducible"
         if self._risks(applies=True) or self._compiled_risky():
             return "NOT shown reproducible: a known non-deterministic op ran"
+        if streams_only and all(f.kind == "seeded pass" for f in sources):
+            # Each run was the next pass of a seeded reshuffle (analysis._seeded_passes).
+            return "NOT compared: a seeded shuffle began a new pass in every run"
         if streams_only:
             # Not non-determinism (analysis._seeded_streams), but nothing it fed was compared.
             return "NOT compared: seeded random ops drew further on in their streams"
@@ -480,7 +488,7 @@ def _row(f: Any) -> dict[str, Any]:
     if f.role == "propagated":
         known = c.mechanism if c else ""
         fix = "Fix the source op(s) above; this op only carries their difference."
-    elif f.kind in ("other threads", "seeded stream"):
+    elif f.kind in ("other threads", *_BY_DESIGN):
         known = c.mechanism if c and f.kind == "seeded stream" else "not in the known list"
         fix = knowledge.advice(f.kind)
     elif f.entered:

@@ -170,6 +170,22 @@ def dataset_stages(dataset: Any) -> list[str]:
     return found
 
 
+def reshuffles(dataset: Any) -> list[str]:
+    """The seeded shuffles of ``dataset`` (with those it is built on) that reshuffle on every
+    pass (``reshuffle_each_iteration=True``, the default), one sentence each: pass k has the
+    same order in every fresh process, but each new iterator over the same dataset object
+    is the next pass, so passes repeated in one process differ by design."""
+    found = []
+    for d in _tree(dataset):
+        name = type(d).__name__.lstrip("_")
+        if "Shuffle" in name and not _unseeded(d) and getattr(d, "_reshuffle_each_iteration", 0):
+            found.append(
+                f"Dataset.shuffle(seed=...) ({name}) with reshuffle_each_iteration=True, the "
+                "default"
+            )
+    return found
+
+
 def _tree(dataset: Any) -> list[Any]:
     """``dataset`` and every dataset it is built on (its inputs, theirs, ...)."""
     out: list[Any] = []
