@@ -561,8 +561,12 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
             _behind_data_functions(f, device)
         if f.role == "source" and f.kind == "input pipeline" and stages:
             _name_dataset_stages(f, stages)
-        if f.role == "source" and f.op.resource in data_writers:
-            _written_in_data(f, data_writers[f.op.resource])
+        # The variable a read or check()'s value after the step (VariableState) is of.
+        state = f.op.attrs.get("variable") if f.op.op_type == "VariableState" else f.op.resource
+        if f.role == "source" and state and state in data_writers:
+            _written_in_data(f, data_writers[state])
+            if in_process:
+                _seeded_pass_in_data(f, data_writers[state], recordings)
         elif f.role == "source" and in_process and f.op.resource in changed:
             _changed_by_earlier_runs(f, changed[f.op.resource])
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
@@ -1423,6 +1427,38 @@ def _seeded_passes(findings: list[OpFinding], recordings: list[Recording]) -> No
             "while fresh processes make the same passes; not non-determinism, but what it "
             "feeds could not be compared"
         )
+
+
+def _seeded_pass_in_data(f: OpFinding, dataset: OpInfo, recordings: list[Recording]) -> None:
+    """:func:`_seeded_passes` for a loop over a dataset inside a tf.function (the loop body is
+    a tf.data function, see :func:`_written_in_data`): where the dataset it loops over was
+    made before the function and reshuffles with a seed on every pass, and every run looped
+    over that one object, each run was its next pass."""
+
+    def entry(op: OpInfo) -> dict[str, Any]:
+        found = (op.attrs.get(DATASET_PASSES) or {}).get("function")
+        return found if isinstance(found, dict) else {}
+
+    own = entry(dataset)
+    same = {
+        str(entry(o).get("dataset"))
+        for r in recordings
+        for o in r.ops.values()
+        if o.key == dataset.key
+    }
+    if not own or len(same) != 1:
+        return
+    where = f" at {dataset.location}" if dataset.location else ""
+    f.kind = "seeded pass"
+    f.culprit = None
+    f.explanation = (
+        f"the variable is written inside a tf.data function ({dataset.op_type}{where}: a "
+        "Python for loop over a dataset inside a tf.function), and every run began a new pass "
+        "over one dataset made before the function that reshuffles on every pass "
+        f"({'; '.join(own.get('shuffles', []))}): each pass comes in another order by design, "
+        "while fresh processes make the same passes; not non-determinism, but what it feeds "
+        "could not be compared"
+    )
 
 
 def _explain(f: OpFinding, device: str = "") -> None:

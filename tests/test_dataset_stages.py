@@ -205,8 +205,11 @@ def test_unseeded_random_datasets_are_named_and_options_only_with_a_parallel_sta
     assert dataset_stages(tf.data.Dataset.random(seed=3)) == []
 
 
+@pytest.mark.parametrize("loop", ["eager", "tf.function"])
 @pytest.mark.parametrize("reshuffle", [True, False])
-def test_an_epoch_over_a_seeded_reshuffling_dataset_is_a_new_pass_per_run(reshuffle: bool) -> None:
+def test_an_epoch_over_a_seeded_reshuffling_dataset_is_a_new_pass_per_run(
+    reshuffle: bool, loop: str
+) -> None:
     """check() of an epoch (``for x in ds``) over a dataset made before it, shuffled with a
     seed: each run is the dataset's next pass, in another order by design, while fresh
     processes make the same passes. It was "NOT reproducible", blamed on data that differed,
@@ -225,7 +228,12 @@ def test_an_epoch_over_a_seeded_reshuffling_dataset_is_a_new_pass_per_run(reshuf
         for x in ds:
             train_step(x)
 
-    report = nddebug.check(epoch, state=w, repeats=3)
+    @tf.function
+    def graph_epoch():  # the loop body becomes a tf.data function (ScanDataset)
+        for x in ds:
+            w.assign(w * 0.9 + tf.reduce_sum(x * tf.range(8, dtype=tf.float32)) * 0.01)
+
+    report = nddebug.check(epoch if loop == "eager" else graph_epoch, state=w, repeats=3)
     passes = [m for m in report.warnings if "reshuffles with its seed on every pass" in m]
     if not reshuffle:
         assert report.ok, str(report)
@@ -235,7 +243,9 @@ def test_an_epoch_over_a_seeded_reshuffling_dataset_is_a_new_pass_per_run(reshuf
         report.summary["verdict"] == "NOT compared: a seeded shuffle began a new pass in every run"
     )
     (source,) = [f for f in report.comparison.findings if f.role == "source"]
-    assert source.op.op_type == "IteratorGetNext" and source.kind == "seeded pass"
+    read = "IteratorGetNext" if loop == "eager" else "VariableState"  # w after the step
+    assert source.op.op_type == read and source.kind == "seeded pass"
     assert "reshuffle_each_iteration=True" in source.explanation
     assert "Seed the shuffle" not in str(report) and "values it was made from" not in str(report)
-    assert len(passes) == 1 and "MakeIterator at " in passes[0], report.warnings
+    maker = "MakeIterator at " if loop == "eager" else "ScanDataset at "
+    assert len(passes) == 1 and maker in passes[0], report.warnings

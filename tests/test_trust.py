@@ -1816,3 +1816,30 @@ def test_autoregressive_draws_in_a_loop_are_no_race() -> None:
 
     report = nddebug.check(sample, tf.constant([1, 2, 3]), repeats=3, state=emb)
     assert report.ok and not report.summary["risks"], str(report)
+
+
+def test_an_op_nddebug_failed_to_record_keeps_the_verdict_from_ok(monkeypatch) -> None:
+    """An op whose instrumentation raised was dropped with a warning, and the verdict could
+    still be "reproducible" although its row was never compared (seen in probe round 35 while
+    a dataset loop's op failed to record): it is now "not compared"."""
+    from nddebug.tracer import instrument
+
+    original = instrument._pipeline
+
+    def failing(rec, graph, info, op, inputs, outputs):
+        if info.op_type == "MatMul":
+            raise RuntimeError("instrumentation failed")
+        return original(rec, graph, info, op, inputs, outputs)
+
+    monkeypatch.setattr(instrument, "_pipeline", failing)
+    w = tf.Variable(tf.ones([4, 4]))
+
+    @tf.function
+    def step():
+        w.assign(tf.tanh(w @ w) * 0.5)
+        return tf.reduce_sum(w)
+
+    report = nddebug.check(step, state=w, repeats=2)
+    assert not report.ok
+    assert report.summary["verdict"] == "no difference seen, but not everything compared"
+    assert any("MatMul" in x and "could not be recorded" in x for x in report.not_compared)

@@ -85,7 +85,12 @@ def dataset_of(variant: Any, depth: int = 30) -> Any:
         if frame is None:
             return None
         for value in frame.f_locals.values():
-            if isinstance(value, dataset_ops.DatasetV2) and value._variant_tensor is variant:
+            # Not ._variant_tensor: a dataset being constructed has none yet (a frame of its
+            # __init__ holds it as self), and reading it raised out of the op's instrumentation.
+            if (
+                isinstance(value, dataset_ops.DatasetV2)
+                and getattr(value, "_variant_tensor_attr", None) is variant
+            ):
                 return value
         frame = frame.f_back
     return None
@@ -170,20 +175,27 @@ def dataset_stages(dataset: Any) -> list[str]:
     return found
 
 
-def reshuffles(dataset: Any) -> list[str]:
+def reshuffles(dataset: Any) -> dict[str, Any]:
     """The seeded shuffles of ``dataset`` (with those it is built on) that reshuffle on every
-    pass (``reshuffle_each_iteration=True``, the default), one sentence each: pass k has the
-    same order in every fresh process, but each new iterator over the same dataset object
-    is the next pass, so passes repeated in one process differ by design."""
-    found = []
+    pass (``reshuffle_each_iteration=True``, the default), made eagerly: pass k has the same
+    order in every fresh process, but each new iterator over the same dataset object is the
+    next pass, so passes repeated in one process differ by design. A shuffle made inside a
+    tf.function is made anew by every call, and starts with the same pass.
+    As ``recording.DATASET_PASSES`` keeps it: {"dataset": the first such shuffle's eager
+    identity, "shuffles": one sentence each}, or {} where there is none."""
+    found, first = [], ""
     for d in _tree(dataset):
         name = type(d).__name__.lstrip("_")
         if "Shuffle" in name and not _unseeded(d) and getattr(d, "_reshuffle_each_iteration", 0):
+            variant = getattr(d, "_variant_tensor", None)
+            if getattr(variant, "_id", None) is None or hasattr(variant, "op"):
+                continue  # a graph tensor: made anew by every call
+            first = first or f"eager:{variant._id}"
             found.append(
                 f"Dataset.shuffle(seed=...) ({name}) with reshuffle_each_iteration=True, the "
                 "default"
             )
-    return found
+    return {"dataset": first, "shuffles": found} if found else {}
 
 
 def _tree(dataset: Any) -> list[Any]:

@@ -254,12 +254,9 @@ def _keep_stages(op: OpInfo, iterator: str, dataset: Any) -> None:
     if stages or (dataset is not None and iterator and datasets.read_through(dataset)):
         # [] too where the dataset was read through: none of them is there
         op.attrs.setdefault(DATASET_STAGES, {})[iterator] = stages
-    passes = datasets.reshuffles(dataset) if dataset is not None and iterator else []
+    passes = datasets.reshuffles(dataset) if dataset is not None and iterator else {}
     if passes:
-        op.attrs.setdefault(DATASET_PASSES, {})[iterator] = {
-            "dataset": ops.eager_identity(dataset._variant_tensor),
-            "shuffles": passes,
-        }
+        op.attrs.setdefault(DATASET_PASSES, {})[iterator] = passes
 
 
 def _resource(op_type: str, inputs: Any) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from nddebug import digest as dg
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
+    DATASET_PASSES,
     NOT_COMPARED,
     PARALLEL_RANDOM,
     PIPELINE_OPS,
@@ -29,7 +30,16 @@ from nddebug.recording import (
     UPDATE_NOTE,
     OpInfo,
 )
-from nddebug.tracer import opaque, ops, rerun, rewrites, transport, undefined, unneeded
+from nddebug.tracer import (
+    datasets,
+    opaque,
+    ops,
+    rerun,
+    rewrites,
+    transport,
+    undefined,
+    unneeded,
+)
 from nddebug.tracer.location import graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
@@ -1305,6 +1315,14 @@ def _pipeline(rec: Any, graph: Any, info: OpInfo, op: Any, inputs: Any, outputs:
                 "among its ops is listed with the risks. Iterate the dataset outside the "
                 "tf.function (one traced step per batch) to compare every op.",
             )
+    if own and inputs and getattr(inputs[0].dtype, "name", "") == "variant":
+        # A loop over a dataset made before the function, shuffled with a seed: every call
+        # is the dataset's next pass (see datasets.reshuffles and analysis._seeded_passes).
+        outer = _captured_from(graph, inputs[0])  # a dataset made outside the function
+        variant = inputs[0] if outer is None else outer
+        passes = datasets.reshuffles(datasets.dataset_of(variant))
+        if passes:
+            info.attrs[DATASET_PASSES] = {"function": passes}
     found |= own
     if not found:
         return []

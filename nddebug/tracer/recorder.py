@@ -320,7 +320,12 @@ class Recorder:
                         self, op_type, inputs or (), attrs, outputs or (), op_name, graph
                     )
             except Exception as exc:  # noqa: BLE001 - never break the user's program
-                said = f"Could not record op {op_type} {op_name or ''}: {type(exc).__name__}: {exc}"
+                # Not compared: what it output is seen only where its readers digest it,
+                # and its own row is missing; a verdict cannot be "ok".
+                said = (
+                    f"{NOT_COMPARED}op {op_type} {op_name or ''} could not be recorded: "
+                    f"{type(exc).__name__}: {exc}"
+                )
                 if graph is not None:
                     # Said again whenever the function runs in a later block (see say()).
                     instrument.say(self, graph, said)
