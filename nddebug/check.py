@@ -517,6 +517,10 @@ def check(
                 rec.save(path)
             kept.add(rec)
         runs += kept.runs
+        if keeper.reordered:
+            warnings.append(_reordered_note(keeper.reordered))
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
         if generators.late:
             warnings.append(LATE_GENERATORS_NOTE.format(n=len(generators.late)))
             for rec in runs:
@@ -649,7 +653,12 @@ def check(
     from nddebug.verify import Replay
 
     report.replay = Replay(fn, args, kwargs, state, repeats, emulate_gpu)
+    said_reordered = len(keeper.reordered)
     keeper.restore(before)
+    if len(keeper.reordered) > said_reordered:
+        import warnings as py_warnings
+
+        py_warnings.warn(_reordered_note(keeper.reordered), stacklevel=2)
     failed = generators.restore()
     streams.restore()
     if failed:
@@ -665,6 +674,18 @@ def check(
             st.set_seeds(seed)
         fn(*args, **kwargs)
     return report
+
+
+def _reordered_note(tables: list[Any]) -> str:
+    """What check() could not put back of mutable tables in state=: the order they export
+    their keys in (see state._set_table_contents)."""
+    names = ", ".join(str(getattr(t, "name", None) or getattr(t, "_name", "table")) for t in tables)
+    return (
+        f"check() put back the contents of lookup table(s) in state= ({names}) but not the "
+        "order they export them in: the step grew them past a resize, which emptying them "
+        "does not undo. A step that reads table.export() sees its keys in another order after "
+        "check() than without it; the lookups are unchanged."
+    )
 
 
 #: Said when the step drew from tf.random.Generators first after check()'s warm-up.

@@ -157,6 +157,8 @@ class StateKeeper:
         self.variables, self.tables = collect_state(state)
         self.initial: Snapshot = {}  # variables created while watching, at creation
         self.unreadable: list[str] = []  # created, but their initial value could not be read
+        # Tables whose contents were put back but not the order they export them in.
+        self.reordered: list[Any] = []
 
     def also(self, extra: Any) -> None:
         """Keep ``extra``'s variables too (state the step changes that the user did not
@@ -166,13 +168,15 @@ class StateKeeper:
 
     def snapshot(self) -> Snapshot:
         snap: Snapshot = {id(v): (v, v.numpy()) for v in self.variables}
-        snap.update({id(t): (t, _table_contents(t)) for t in self.tables})
+        snap.update({id(t): (t, _live_contents(t)) for t in self.tables})
         return snap
 
     def restore(self, snap: Snapshot) -> None:
         for var, value in self._merged(snap):
             if _mutable_table(var):
-                _set_table_contents(var, value)
+                restored_order = _set_table_contents(var, value)
+                if not restored_order and all(t is not var for t in self.reordered):
+                    self.reordered.append(var)
             else:
                 var.assign(fresh_copy(value))
 
@@ -207,9 +211,9 @@ class StateKeeper:
             yield
 
 
-def _table_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A table's keys and values, sorted by key (a hash table exports in bucket order), without
-    a DenseHashTable's empty and deleted buckets."""
+def _live_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A table's keys and values in the order it exports them (its buckets'), without a
+    DenseHashTable's empty and deleted buckets."""
     keys, values = (t.numpy() for t in table.export())
     unused = [getattr(table, a, None) for a in ("_empty_key", "_deleted_key")]
     keep = np.ones(len(keys), bool)
@@ -217,18 +221,38 @@ def _table_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
         if k is not None:
             k = np.asarray(k.numpy() if hasattr(k, "numpy") else k)
             keep &= ~np.all((keys == k).reshape(len(keys), -1), axis=1)
-    keys, values = keys[keep], values[keep]
+    return keys[keep], values[keep]
+
+
+def _table_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A table's keys and values, sorted by key (a hash table exports in bucket order): its
+    contents, as compared."""
+    keys, values = _live_contents(table)
     order = np.argsort(keys.reshape(len(keys), -1)[:, 0], kind="stable") if len(keys) else []
     return keys[order], values[order]
 
 
-def _set_table_contents(table: Any, contents: tuple[np.ndarray, np.ndarray]) -> None:
+def _set_table_contents(table: Any, contents: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Put back a table's contents as :func:`_live_contents` read them, and whether its
+    export order is back too. A step that reads ``table.export()`` computes with that order:
+    restored sorted by key, the table handed the steps after check() its keys in another
+    order (probe round 35, finding 5). A hash table orders its keys by bucket and, within a
+    bucket, newest first: emptied and refilled in reverse export order it exports in the same
+    order again, unless the step grew it (more buckets, which emptying does not undo)."""
     keys, values = contents
-    current, _ = _table_contents(table)
-    if len(current):
-        table.remove(current)
-    if len(keys):
-        table.insert(keys, values)
+    for reverse in (True, False):
+        current, _ = _live_contents(table)
+        if len(current):
+            table.remove(current)
+        if len(keys):
+            if reverse:
+                table.insert(keys[::-1].copy(), values[::-1].copy())
+            else:
+                table.insert(keys, values)
+        again, _ = _live_contents(table)
+        if np.array_equal(again, keys):
+            return True
+    return False
 
 
 class TableState:
