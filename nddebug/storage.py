@@ -34,6 +34,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import threading
 import uuid
 import zlib
@@ -175,6 +176,7 @@ def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connecti
         raise RecordingFileError(f"{path}: no such recording file")
     if os.path.isdir(path):
         raise RecordingFileError(f"{path} is a folder: name a recording file in it")
+    _refuse_special(path)
     _refuse_other_bytes(path)
     try:
         con = sqlite3.connect(path, timeout=BUSY_TIMEOUT, check_same_thread=not threads)
@@ -186,6 +188,30 @@ def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connecti
 
 #: The first bytes of every SQLite database file.
 _SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _refuse_special(path: str) -> None:
+    """Refuse what exists but is not a regular file (a named pipe, a device such as
+    /dev/null, a socket): reading a FIFO waits for a writer for ever (``nddebug report FIFO``
+    hung), and /dev/null passed as an empty file and failed only when a run was saved."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # absent (created later) or unreadable: said where it is opened
+    if not stat.S_ISREG(mode):
+        what = (
+            "a named pipe (FIFO)"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a regular file"
+        )
+        raise RecordingFileError(
+            f"{path} is {what}, not a recording file: name a regular file (nddebug reads and "
+            "writes recordings as SQLite databases, which need one)"
+        )
 
 
 def _refuse_other_bytes(path: str) -> None:

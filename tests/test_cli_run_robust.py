@@ -225,6 +225,36 @@ def test_a_script_that_raises_keyboardinterrupt_itself_failed_it_was_not_interru
     assert "interrupted" not in result.stderr
 
 
+def _short(*args: str) -> subprocess.CompletedProcess:
+    """_nddebug with a short limit: what it checks must not wait on the file."""
+    return subprocess.run(
+        [sys.executable, "-m", "nddebug", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_a_named_pipe_or_a_device_is_refused_as_a_recording_file(tmp_path) -> None:
+    """A FIFO given as a recording file blocked for ever on its first read (nddebug report
+    FIFO, nddebug run -o FIFO), and /dev/null passed as an empty file, to fail only when the
+    first run was saved (probe round 35, finding 6). Both are refused at once, before any run."""
+    marker = tmp_path / "ran"
+    script = _script(tmp_path, "marks.py", f"open({str(marker)!r}, 'w').close()\n")
+    fifo = tmp_path / "pipe.nddebug"
+    os.mkfifo(fifo)
+    report = _short("report", str(fifo))
+    assert report.returncode == 2, report.stderr
+    assert f"{fifo} is a named pipe (FIFO), not a recording file" in report.stderr
+    run = _short("run", "-n", "2", "-o", str(fifo), script)
+    assert run.returncode == 2 and "a named pipe (FIFO)" in run.stderr, run.stderr
+    null = _short("run", "-n", "2", "-o", os.devnull, script)
+    assert null.returncode == 2 and f"{os.devnull} is a device" in null.stderr, null.stderr
+    assert not marker.exists()
+
+
 def test_an_output_folder_that_does_not_exist_fails_before_any_run(tmp_path) -> None:
     marker = tmp_path / "ran"
     script = _script(tmp_path, "marks.py", f"open({str(marker)!r}, 'w').close()\n")
