@@ -220,6 +220,8 @@ def _live_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:
     for k in unused:
         if k is not None:
             k = np.asarray(k.numpy() if hasattr(k, "numpy") else k)
+            if k.dtype.kind == "U":  # a string table's keys export as bytes; given as str
+                k = np.asarray(np.char.encode(k, "utf-8"), dtype=object)
             keep &= ~np.all((keys == k).reshape(len(keys), -1), axis=1)
     return keys[keep], values[keep]
 
