@@ -62,10 +62,14 @@ FORMAT = "nddebug-recording"
 # such a recording as one plain run and miss what its re-executions found.
 # 3 added the chunks table (op executions as compressed columns): a version-2 reader would
 # see runs without op executions.
-FORMAT_VERSION = 3
-#: The versions save() can write: 3 (columns), or 2 (one JSON row per op execution, for files
-#: that an older nddebug must read).
-WRITABLE_VERSIONS = (2, 3)
+# 4 binds every chunk and op row to its run: their checks include the run_id (a row copied
+# from one run into another read as that run's, and a NOT reproducible file as
+# reproducible: probe round 35). A version-3 reader would take the new checks for damage.
+FORMAT_VERSION = 4
+#: The versions save() can write: 4 (columns, checks bound to the run), 3 (the same with
+#: checks of each row alone), or 2 (one JSON row per op execution, for files that an older
+#: nddebug must read).
+WRITABLE_VERSIONS = (2, 3, 4)
 #: Op executions per chunk row when a whole run is saved (RunWriter: one chunk per append,
 #: split at this size).
 CHUNK_EVENTS = 65536
@@ -105,6 +109,7 @@ _STATEMENTS = [s.strip() for s in _SCHEMA.split(";") if s.strip()]
 _VERSION_STATEMENTS = {
     2: [s for s in _STATEMENTS if "TABLE IF NOT EXISTS chunks" not in s],
     3: _STATEMENTS,
+    4: _STATEMENTS,  # the same tables; only the rows' checks changed
 }
 
 _DESCRIPTION = (
@@ -116,9 +121,9 @@ _DESCRIPTION = (
 )
 _DESCRIPTION_3 = (
     "nddebug recording: runs(one row per traced run), ops(static facts per traced op, JSON), "
-    "chunks(op executions of format-3 runs, one row per block: little-endian numpy arrays, "
-    "zlib-compressed where smaller, concatenated in data and listed in arrays as JSON "
-    "name -> [dtype, codec, count, offset, nbytes]; digests are codes into a per-chunk "
+    "chunks(op executions of runs of format 3 and later, one row per block: little-endian "
+    "numpy arrays, zlib-compressed where smaller, concatenated in data and listed in arrays "
+    "as JSON name -> [dtype, codec, count, offset, nbytes]; digests are codes into a per-chunk "
     "dictionary: 0 none, 1 next new entry, c >= 2 the entry c - 1 places back), "
     "events/reruns(one JSON row per op execution, runs written by format versions 1 and 2), "
     "captured(full output values as .npy bytes). Layout: docs/format.md of nddebug; digest "
@@ -524,7 +529,14 @@ def save(
         raise ValueError(
             f"format_version must be one of {WRITABLE_VERSIONS}, got {format_version!r}"
         )
-    write = _save_run if format_version >= 3 else _save_run_rows
+    bind = format_version >= 4  # checks bound to the run (see FORMAT_VERSION)
+
+    def write(con: sqlite3.Connection, rec: Recording) -> None:
+        if format_version >= 3:
+            _save_run(con, rec, bind)
+        else:
+            _save_run_rows(con, rec)
+
     _create(path, format_version)
     con = _connect(path, create=True)
     try:
@@ -545,7 +557,9 @@ def _has_run(con: sqlite3.Connection, run_id: str) -> bool:
     return bool(con.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchall())
 
 
-def _insert_run(con: sqlite3.Connection, rec: Recording, status: str, warnings: list[str]) -> None:
+def _insert_run(
+    con: sqlite3.Connection, rec: Recording, status: str, warnings: list[str], bind: bool = False
+) -> None:
     """The run's row (in the open transaction, which holds the write lock: processes may
     append concurrently, and the ordinal is chosen under it) and its ops."""
     ordinal = con.execute("SELECT COALESCE(MAX(ordinal), -1) + 1 FROM runs").fetchone()[0]
@@ -565,7 +579,10 @@ def _insert_run(con: sqlite3.Connection, rec: Recording, status: str, warnings: 
     )
     con.executemany(
         "INSERT INTO ops VALUES (?, ?, ?)",
-        [(rec.run_id, op.op_id, _op_json(op)) for op in rec.ops.values()],
+        [
+            (rec.run_id, op.op_id, _op_json(op, rec.run_id if bind else None))
+            for op in rec.ops.values()
+        ],
     )
 
 
@@ -589,8 +606,12 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat()
 
 
-def _op_json(op: OpInfo) -> str:
-    return _with_check(json.dumps(dataclasses.asdict(op), default=str))
+def _op_json(op: OpInfo, run_id: str | None = None) -> str:
+    """An op's info row, with its check; bound to ``run_id`` where given (format 4)."""
+    body = json.dumps(dataclasses.asdict(op), default=str)
+    if run_id is None:
+        return _with_check(body)
+    return _with_check(body, run_id, key=_RUN_CHECK)
 
 
 #: How a JSON object row that carries a check begins (an op's info; a run's environment,
@@ -601,6 +622,9 @@ def _op_json(op: OpInfo) -> str:
 #: Readers that predate it ignore the key; rows written before it have none (nothing to
 #: verify).
 _ROW_CHECK = '{"row_check": "'
+#: The same for a row bound to its run (format 4): its check includes the run_id, so a row
+#: copied into another run is damage too.
+_RUN_CHECK = '{"run_check": "'
 
 
 def _row_crc(body: str, others: tuple[Any, ...]) -> str:
@@ -608,22 +632,31 @@ def _row_crc(body: str, others: tuple[Any, ...]) -> str:
     return f"{zlib.crc32(body.encode(), zlib.crc32(head)):08x}"
 
 
-def _with_check(body: str, *others: Any) -> str:
+def _with_check(body: str, *others: Any, key: str = _ROW_CHECK) -> str:
     """``body`` (a JSON object's text) with the check of it and of ``others`` as its first
-    key (see :data:`_ROW_CHECK`)."""
+    key (see :data:`_ROW_CHECK`, :data:`_RUN_CHECK`)."""
     if not body.startswith("{"):
         return body
     rest = body[1:] if body == "{}" else ", " + body[1:]
-    return f'{_ROW_CHECK}{_row_crc(body, others)}"{rest}'
+    return f'{key}{_row_crc(body, others)}"{rest}'
 
 
-def _without_check(text: Any, *others: Any) -> Any:
+def _without_check(text: Any, *others: Any, run_id: str | None = None) -> Any:
     """The text a row's check was made over: ``text`` without its check, which is verified
-    against it and ``others`` (RowError where a byte changed). Text with no check is
-    returned as it is."""
+    against it and ``others`` (RowError where a byte changed); a check bound to its run
+    (:data:`_RUN_CHECK`) against ``run_id`` too. Text with no check is returned as it is."""
+    if isinstance(text, str) and text.startswith(_RUN_CHECK):
+        if run_id is None:
+            raise RowError("its check is bound to a run, and no run was given to verify it")
+        moved = " or it was moved from another run"
+        return _strip_check(text, _RUN_CHECK, (*others, run_id), moved)
     if not isinstance(text, str) or not text.startswith(_ROW_CHECK):
         return text
-    at = len(_ROW_CHECK)
+    return _strip_check(text, _ROW_CHECK, others, "")
+
+
+def _strip_check(text: str, key: str, others: tuple[Any, ...], moved: str) -> str:
+    at = len(key)
     crc, rest = text[at : at + 8], text[at + 8 :]
     if rest == '"}':
         body = "{}"
@@ -632,12 +665,13 @@ def _without_check(text: Any, *others: Any) -> Any:
     else:
         raise RowError("its check is not followed by the row it checks (a byte changed)")
     if crc != _row_crc(body, others):
-        raise RowError("its check does not match what it holds (a byte changed)")
+        raise RowError(f"its check does not match what it holds (a byte changed{moved})")
     return body
 
 
-def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
-    """One run in format 3: its events as chunks of columns, all in one transaction."""
+def _save_run(con: sqlite3.Connection, rec: Recording, bind: bool = True) -> None:
+    """One run in format 4 (3 without ``bind``): its events as chunks of columns, all in one
+    transaction."""
     if _has_run(con, rec.run_id):
         return
     events = _in_seq_order(rec.events)
@@ -649,8 +683,8 @@ def _save_run(con: sqlite3.Connection, rec: Recording) -> None:
     values = _value_rows(rec.run_id, rec.values)
     with con:
         con.execute("BEGIN IMMEDIATE")
-        _insert_run(con, rec, rec.status, rec.warnings)
-        _insert_chunks(con, rec.run_id, 0, chunks)
+        _insert_run(con, rec, rec.status, rec.warnings, bind)
+        _insert_chunks(con, rec.run_id, 0, chunks, bind)
         con.executemany("INSERT INTO captured VALUES (?, ?, ?, ?)", values)
 
 
@@ -943,11 +977,25 @@ _CHECK_MAGIC = b"ndck"
 _CHECK_SIZE = len(_CHECK_MAGIC) + 4
 
 
-def _chunk_check(columns: tuple[Any, ...], arrays: bytes) -> bytes:
-    """The check that ends a chunk's data: see :data:`_CHECK_MAGIC`."""
-    head = "|".join(str(c) for c in columns).encode()
+#: The same check bound to the chunk's run (format 4): the CRC-32 covers the run_id too, so a
+#: chunk copied into another run is damage (probe round 35).
+_RUN_CHECK_MAGIC = b"ndcr"
+
+
+def _chunk_check(columns: tuple[Any, ...], arrays: bytes, run_id: str | None = None) -> bytes:
+    """The check that ends a chunk's data (see :data:`_CHECK_MAGIC`), bound to ``run_id``
+    where given (:data:`_RUN_CHECK_MAGIC`)."""
+    head = "|".join(str(c) for c in (*columns, *([run_id] if run_id is not None else []))).encode()
     crc = zlib.crc32(arrays, zlib.crc32(head))
-    return _CHECK_MAGIC + crc.to_bytes(4, "little")
+    magic = _CHECK_MAGIC if run_id is None else _RUN_CHECK_MAGIC
+    return magic + crc.to_bytes(4, "little")
+
+
+def _bound(chunk: _Chunk, run_id: str) -> bytes:
+    """A chunk's data with its check bound to ``run_id`` (format 4)."""
+    arrays = chunk.data[:-_CHECK_SIZE]
+    columns = (chunk.first_seq, chunk.events, chunk.outputs, chunk.inputs, chunk.entries)
+    return arrays + _chunk_check((*columns, chunk.arrays), arrays, run_id)
 
 
 def _check_ops(chunks: list[_Chunk], known: set[int], ops: Mapping[int, OpInfo]) -> None:
@@ -960,7 +1008,9 @@ def _check_ops(chunks: list[_Chunk], known: set[int], ops: Mapping[int, OpInfo])
             )
 
 
-def _insert_chunks(con: sqlite3.Connection, run_id: str, number: int, chunks: list[_Chunk]) -> None:
+def _insert_chunks(
+    con: sqlite3.Connection, run_id: str, number: int, chunks: list[_Chunk], bind: bool = True
+) -> None:
     con.executemany(
         "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
@@ -973,7 +1023,7 @@ def _insert_chunks(con: sqlite3.Connection, run_id: str, number: int, chunks: li
                 c.inputs,
                 c.entries,
                 c.arrays,
-                c.data,
+                _bound(c, run_id) if bind else c.data,
             )
             for k, c in enumerate(chunks)
         ],
@@ -1001,7 +1051,7 @@ class _Columns:
 
 
 def _unpack(
-    directory_text: Any, data: Any, n: int, columns: tuple[Any, ...]
+    directory_text: Any, data: Any, n: int, columns: tuple[Any, ...], run_id: str | None = None
 ) -> dict[str, np.ndarray]:
     """The arrays of a chunk, checked against its directory and, given the row's other
     ``columns``, against the check that ends its data (chunks written before it have none)."""
@@ -1044,7 +1094,7 @@ def _unpack(
     for name in _REQUIRED:
         if name not in out:
             raise RowError(f"it lacks the array {name!r}")
-    _verify_check(data, end, columns)
+    _verify_check(data, end, columns, run_id)
     for name in ("op_id", "call", "outputs", "inputs", "seq", "shapes", "reruns"):
         if name in out and len(out[name]) != n:
             raise RowError(f"its array {name!r} has {len(out[name])} values for {n} executions")
@@ -1067,18 +1117,25 @@ def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(shift, counts) + np.arange(total, dtype=np.int64)
 
 
-def _verify_check(data: bytes, end: int, columns: tuple[Any, ...]) -> None:
-    """Compare the check after a chunk's arrays (if any) with the row it was written for."""
+def _verify_check(data: bytes, end: int, columns: tuple[Any, ...], run_id: str | None) -> None:
+    """Compare the check after a chunk's arrays (if any) with the row it was written for, and
+    a check bound to its run with ``run_id``."""
     tail = data[end:]
     if not tail:
         return  # written before chunks had a check
-    if len(tail) != _CHECK_SIZE or not tail.startswith(_CHECK_MAGIC):
+    bound = tail.startswith(_RUN_CHECK_MAGIC)
+    if len(tail) != _CHECK_SIZE or not (bound or tail.startswith(_CHECK_MAGIC)):
         raise RowError(f"its data has {len(tail)} byte(s) after its arrays that are not a check")
-    if tail != _chunk_check(columns, data[:end]):
-        raise RowError("its check does not match what it holds (a byte changed)")
+    if bound and run_id is None:
+        raise RowError("its check is bound to a run, and no run was given to verify it")
+    if tail != _chunk_check(columns, data[:end], run_id if bound else None):
+        moved = " or it was moved from another run" if bound else ""
+        raise RowError(f"its check does not match what it holds (a byte changed{moved})")
 
 
-def _decode_chunk(row: tuple, ops: Mapping[int, OpInfo] | None) -> _Columns:
+def _decode_chunk(
+    row: tuple, ops: Mapping[int, OpInfo] | None, run_id: str | None = None
+) -> _Columns:
     """A ``chunks`` row (first_seq, events, outputs, inputs, entries, arrays, data) decoded and
     checked (RowError says what is wrong); ops: the run's ops, to check the op ids."""
     first_seq, n, n_outputs, n_inputs, n_entries, directory, data = row
@@ -1090,7 +1147,8 @@ def _decode_chunk(row: tuple, ops: Mapping[int, OpInfo] | None) -> _Columns:
             raise RowError(f"its {name} is {json_kind(value)} {value!r:.60}, not an integer")
     if n <= 0:
         raise RowError(f"it holds {n} op executions")
-    a = _unpack(directory, data, n, (first_seq, n, n_outputs, n_inputs, n_entries, directory))
+    columns = (first_seq, n, n_outputs, n_inputs, n_entries, directory)
+    a = _unpack(directory, data, n, columns, run_id)
     op_id = a["op_id"].astype(np.int64)
     if ops is not None:
         known = np.fromiter(ops, np.int64, len(ops))
@@ -1248,7 +1306,7 @@ def _read_chunks(
                     (run_id, number),
                 ).fetchone()
                 try:
-                    yield number, _decode_chunk(tuple(row), ops)
+                    yield number, _decode_chunk(tuple(row), ops, run_id)
                 except RowError as exc:
                     raise RowError(f"chunk {number}: {exc}") from None
         return
@@ -1257,7 +1315,7 @@ def _read_chunks(
         if number != k:
             raise RowError(f"its chunk {k} is missing (the next is {number!r})")
         try:
-            c = _decode_chunk(tuple(row), ops)
+            c = _decode_chunk(tuple(row), ops, run_id)
         except RowError as exc:
             raise RowError(f"chunk {k}: {exc}") from None
         if last is not None and int(c.seq[0]) <= last:
@@ -1316,7 +1374,7 @@ def _read_header(con: sqlite3.Connection, row: tuple) -> Recording:
     )
     for op_id, info in con.execute("SELECT op_id, info FROM ops WHERE run_id = ?", (run_id,)):
         try:
-            info = _without_check(info)
+            info = _without_check(info, run_id=run_id)
         except RowError as exc:
             raise RowError(f"op {op_id!r}'s info: {exc}") from None
         op = op_from_row(_json(info, f"op {op_id!r}'s info"))
@@ -1506,6 +1564,7 @@ class RunWriter:
         self._ops: dict[int, str] = {}  # op_id -> its JSON as written
         self._last_seq: int | None = None
         self._lock = threading.Lock()
+        self._bind = FORMAT_VERSION >= 4  # rows bound to the run (see FORMAT_VERSION)
         _create(path)
         self._con = _connect(path, create=True, threads=True)
         try:
@@ -1518,7 +1577,11 @@ class RunWriter:
             with self._con:
                 self._con.execute("BEGIN IMMEDIATE")
                 _insert_run(
-                    self._con, header, "interrupted", [*recording.warnings, UNCLOSED_WARNING]
+                    self._con,
+                    header,
+                    "interrupted",
+                    [*recording.warnings, UNCLOSED_WARNING],
+                    self._bind,
                 )
         except BaseException as exc:
             self._con.close()
@@ -1551,7 +1614,7 @@ class RunWriter:
                 with self._con:
                     self._con.execute("BEGIN IMMEDIATE")
                     self._con.executemany("INSERT OR REPLACE INTO ops VALUES (?, ?, ?)", rows)
-                    _insert_chunks(self._con, self.run_id, self.chunks_written, chunks)
+                    _insert_chunks(self._con, self.run_id, self.chunks_written, chunks, self._bind)
             except SQLITE_ERRORS as exc:
                 raise RecordingFileError(
                     f"{self.path}: could not write the recording ({_why(exc)})"
@@ -1567,7 +1630,7 @@ class RunWriter:
         for op_id, op in ops.items():
             if op.op_id != op_id:
                 raise ValueError(f"ops[{op_id}] is op {op.op_id}")
-            text = _op_json(op)
+            text = _op_json(op, self.run_id if self._bind else None)
             if self._ops.get(op_id) != text:
                 rows.append((self.run_id, op_id, text))
         return rows
@@ -2061,7 +2124,7 @@ def seq_range(path: str, run_id: str, start: int, stop: int) -> tuple[int, int]:
                         (run_id, number),
                     ).fetchone()
                     try:
-                        c = _decode_chunk(tuple(row), None)
+                        c = _decode_chunk(tuple(row), None, run_id)
                     except RowError as exc:
                         raise RecordingFileError(
                             f"{path}: damaged: chunk {number}: {exc}"

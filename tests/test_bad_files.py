@@ -447,13 +447,36 @@ def test_a_changed_byte_in_an_op_or_run_row_is_damage(traced_file, tmp_path, fmt
     assert len(whole) + len(problems) == 2 and whole
 
 
+@pytest.mark.parametrize("table", ["chunks", "ops"])
+def test_a_row_moved_from_one_run_to_another_is_damage(traced_file, tmp_path, table) -> None:
+    """Run 1's chunk (or op) rows replaced by copies of run 0's, with run 1's run_id: each
+    row's check held, so the file read back as two equal runs, "reproducible" where they
+    differed (probe round 35, finding 9). In format 4 the checks cover the run_id."""
+    path = tmp_path / "moved.nddebug"
+    storage.save(nddebug.load(str(traced_file)), str(path))
+    con = sqlite3.connect(path)
+    with con:
+        first, second = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY ordinal")]
+        columns = [r[1] for r in con.execute(f"PRAGMA table_info({table})")][1:]
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", (second,))
+        con.execute(
+            f"INSERT INTO {table} SELECT ?, {', '.join(columns)} FROM {table} WHERE run_id = ?",
+            (second, first),
+        )
+    con.close()
+    with pytest.raises(nddebug.RecordingFileError, match="moved from another run"):
+        nddebug.load(str(path))
+    whole, problems = storage.salvage(str(path))
+    assert [r.run_id for r in whole] == [first] and len(problems) == 1
+
+
 def test_rows_written_without_a_check_still_read(traced_file, tmp_path) -> None:
     """Files written before rows had checks (and rows SQLite rewrote) read as they are."""
     path = tmp_path / "old.nddebug"
     shutil.copy(traced_file, path)
     con = sqlite3.connect(path)
     with con:
-        con.execute("UPDATE ops SET info = json_remove(info, '$.row_check')")
+        con.execute("UPDATE ops SET info = json_remove(info, '$.row_check', '$.run_check')")
         con.execute("UPDATE runs SET environment = json_remove(environment, '$.row_check')")
     con.close()
     assert [r.label for r in nddebug.load(str(path))] == ["run 0", "run 1"]

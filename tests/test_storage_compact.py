@@ -154,7 +154,7 @@ def test_real_recordings_round_trip_exactly(real_runs, tmp_path):
     runs = [dataclasses.replace(real_runs[0], values={"0:0": np.arange(5, dtype=np.float32)})]
     runs += real_runs[1:]
     storage.save(runs, str(path))
-    assert _meta(path)["format_version"] == "3" == str(storage.FORMAT_VERSION)
+    assert _meta(path)["format_version"] == "4" == str(storage.FORMAT_VERSION)
     with sqlite3.connect(path) as con:
         assert con.execute("SELECT COUNT(*) FROM events").fetchone() == (0,)
         assert con.execute("SELECT SUM(events) FROM chunks").fetchone() == (
@@ -384,7 +384,7 @@ def test_older_files_load_and_are_upgraded_when_appended_to(real_runs, tmp_path)
         assert storage.first_difference(old_columns[0], old_columns[0]) is None
         # Appending a new run upgrades the file; the old runs keep their rows.
         storage.save(real_runs[3:], str(path))
-        assert _meta(path)["format_version"] == "3"
+        assert _meta(path)["format_version"] == "4"
         assert "chunks" in _meta(path)["description"]
         with sqlite3.connect(path) as con:
             assert con.execute("SELECT COUNT(*) FROM events").fetchone()[0] == rows
@@ -402,8 +402,8 @@ def test_format_2_can_still_be_written_for_older_readers(real_runs, tmp_path):
     storage.save(real_runs[3:4], str(path), format_version=2)
     assert _meta(path)["format_version"] == "2"
     storage.save(real_runs[:1], str(path))  # a format-3 run upgrades it
-    storage.save(real_runs[1:2], str(path), format_version=2)  # rows in a format-3 file
-    assert _meta(path)["format_version"] == "3"
+    storage.save(real_runs[1:2], str(path), format_version=2)  # rows in a format-4 file
+    assert _meta(path)["format_version"] == "4"
     loaded = nddebug.load(str(path))
     for got, want in zip(loaded, [real_runs[3], real_runs[0], real_runs[1]], strict=True):
         assert_same_run(got, want)
@@ -415,7 +415,7 @@ def test_a_newer_file_is_still_refused(tmp_path):
     path = tmp_path / "newer.nddebug"
     _small_run("x").save(str(path))
     with sqlite3.connect(path) as con:
-        con.execute("UPDATE meta SET value = '4' WHERE key = 'format_version'")
+        con.execute("UPDATE meta SET value = '5' WHERE key = 'format_version'")
     for load in (nddebug.load, storage.load_columns):
         with pytest.raises(nddebug.RecordingFileError, match="newer"):
             load(str(path))
@@ -809,7 +809,7 @@ def test_every_flipped_bit_of_a_chunk_is_damage_never_another_run(tmp_path):
     assert nddebug.load(str(path))[0].events == rec.events
     with sqlite3.connect(path) as con:
         data, first_seq = con.execute("SELECT data, first_seq FROM chunks").fetchone()
-    assert data[-8:-4] == b"ndck"
+    assert data[-8:-4] == b"ndcr"  # bound to its run (format 4)
     silent = []
     for position in range(len(data)):
         for bit in (0, 5):
