@@ -31,11 +31,15 @@ from nddebug.recording import (
     OTHER_THREADS,
     PIPELINE_OPS,
     PIPELINE_READERS,
+    QUEUE_FILLERS,
+    QUEUE_TAKERS,
     RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
     STATE_FILLERS,
     STATE_READERS,
+    TABLE_OR_QUEUE_READS,
+    TABLE_WRITERS,
     TF1_GRAPH,
     UPDATE_NOTE,
     WRITER,
@@ -564,9 +568,9 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
         # The variable a read or check()'s value after the step (VariableState) is of.
         state = f.op.attrs.get("variable") if f.op.op_type == "VariableState" else f.op.resource
         if f.role == "source" and state and state in data_writers:
-            _written_in_data(f, data_writers[state])
+            _written_in_data(f, data_writers[state], device)
             if in_process:
-                _seeded_pass_in_data(f, data_writers[state], recordings)
+                _seeded_pass_in_data(f, data_writers[state], recordings, device)
         elif f.role == "source" and in_process and f.op.resource in changed:
             _changed_by_earlier_runs(f, changed[f.op.resource])
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
@@ -1213,31 +1217,39 @@ def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
         )
 
 
-#: Ops that change a lookup table's contents or a queue's, state that outlives a run of the
-#: step (a variable's writers are linked to its reads by the causality pass).
-_TABLE_OR_QUEUE_CHANGES = re.compile(r"^(LookupTable(Insert|Import|Remove)|Queue(Enqueue|Dequeue))")
-#: What reads such state back.
-_TABLE_OR_QUEUE_READS = re.compile(r"^(LookupTable(Find|Size|Export)|Queue(Dequeue|Size))")
-
-
 def _changed_by_the_step(recordings: list[Recording]) -> dict[str, OpInfo]:
-    """Per table or queue (its resource identity), an op of the step that changes it (see
-    :data:`_TABLE_OR_QUEUE_CHANGES`), in the order first seen."""
+    """Per table or queue (its resource identity) that outlives a run, the same object in
+    every run (one the step creates is a new one in each), an op of the step that changes
+    it: a table's insert, import or remove, a queue's enqueue or dequeue; in the order first
+    seen."""
+    per_run = [
+        {op.resource: op for op in r.ops.values() if op.resource and _changes(op.op_type)}
+        for r in recordings
+    ]
+    kept = set.intersection(*(set(run) for run in per_run)) if per_run else set()
     found: dict[str, OpInfo] = {}
-    for r in recordings:
-        for op in r.ops.values():
-            if op.resource and _TABLE_OR_QUEUE_CHANGES.match(op.op_type):
-                found.setdefault(op.resource, op)
+    for run in per_run:
+        for resource, op in run.items():
+            if resource in kept:
+                found.setdefault(resource, op)
     return found
 
 
+def _changes(op_type: str) -> bool:
+    return bool(
+        TABLE_WRITERS.match(op_type) or QUEUE_TAKERS.match(op_type) or QUEUE_FILLERS.match(op_type)
+    )
+
+
 def _changed_by_earlier_runs(f: OpFinding, changer: OpInfo) -> None:
-    """A source that reads a table or queue the step itself changes, in runs repeated in one
-    process: every fill of this run had equal inputs (else the read would be propagated), so
-    the contents it found were what the runs before left: carried over between runs, not a
-    vocabulary built in another order nor a queue filled by racing threads (probe round 35:
-    a MutableHashTable left out of state=, a FIFOQueue each repeat took the next element of)."""
-    if not _TABLE_OR_QUEUE_READS.match(f.op.op_type):
+    """A source that reads a table or queue the step itself changes, the same object in
+    every run repeated in one process: every fill of this run had equal inputs (else the read
+    would be propagated), so the contents it found were what the runs before left: carried
+    over between runs, not a vocabulary built in another order nor a queue filled by racing
+    threads (probe round 35: a MutableHashTable left out of state=, a FIFOQueue each repeat
+    took the next element of). A table or queue the step makes anew in each run is not this
+    (see _changed_by_the_step): its own culprit stands (an unseeded RandomShuffleQueue)."""
+    if not TABLE_OR_QUEUE_READS.match(f.op.op_type):
         return
     queue = f.op.op_type.startswith("Queue")
     where = f" at {changer.location}" if changer.location else ""
@@ -1255,16 +1267,21 @@ def _changed_by_earlier_runs(f: OpFinding, changer: OpInfo) -> None:
     )
 
 
-def _written_in_data(f: OpFinding, dataset: OpInfo) -> None:
+def _written_in_data(f: OpFinding, dataset: OpInfo, device: str) -> None:
     """A source that reads state a tf.data function writes: the difference arose in that
-    function, not in state carried over between runs."""
-    f.kind = "input pipeline"
+    function, not in state carried over between runs. The random ops and known culprits the
+    function holds are named (a random op in a loop's body is kind random)."""
+    random, known = _unseen_ops(dataset.attrs.get(PIPELINE_OPS, []), device)
+    f.kind = "random" if random else "input pipeline"
     where = f" at {dataset.location}" if dataset.location else ""
+    held = [f"stateful random op(s) {', '.join(random)}"] if random else []
+    held += [f"known culprits {', '.join(known[:6])}"] if known else []
     f.explanation = (
         f"the variable is written inside a tf.data function ({dataset.op_type}{where}: a "
         "Python for loop over a dataset inside a tf.function, or Dataset.scan/reduce/map), "
         "which nddebug does not see into: the difference arose there, from the data the "
         "loop was given (its order: an unseeded shuffle) or from an op inside its body"
+        + (f", which holds {'; '.join(held)}" if held else "")
     )
 
 
@@ -1400,16 +1417,20 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
 def _seeded_passes(findings: list[OpFinding], recordings: list[Recording]) -> None:
     """In runs of one process: an iterator's read that differs where every run made a new
     iterator over one dataset object that reshuffles with a seed on every pass
-    (``DATASET_PASSES``): each run was the next pass, which comes in another order by design,
-    while fresh processes make the same passes. A step that loops over such a dataset
-    (``for x in ds``) was "NOT reproducible", blamed on the data (probe round 35, finding 7).
-    A dataset built in each run is a new object whose first pass is the same: not this."""
+    (``DATASET_PASSES``, kept where an iterator is bound): each run was the next pass, which
+    comes in another order by design, while fresh processes make the same passes. A step that
+    loops over such a dataset (``for x in ds``) was "NOT reproducible", blamed on the data
+    (probe round 35, finding 7). A dataset built in each run is a new object whose first
+    pass is the same: not this. Only where the dataset holds nothing else that makes elements
+    differ (its stages read through, none found): otherwise that stays the cause, and the
+    reshuffle is said besides."""
     bound: dict[str, tuple[str, list[str]]] = {}
     for r in recordings:
         for op in r.ops.values():
             for iterator, entry in (op.attrs.get(DATASET_PASSES) or {}).items():
                 if isinstance(entry, dict):
                     bound[iterator] = (str(entry.get("dataset")), list(entry.get("shuffles", [])))
+    stages = _dataset_stages(recordings)
     for f in findings:
         if f.role != "source" or not f.op.op_type.startswith("IteratorGetNext"):
             continue
@@ -1419,21 +1440,17 @@ def _seeded_passes(findings: list[OpFinding], recordings: list[Recording]) -> No
         iterators = {it for it, (dataset, _) in bound.items() if dataset == own[0]}
         if len(iterators) < 2:  # one iterator, read on: not a new pass per run
             continue
-        f.kind = "seeded pass"
-        f.culprit = None
-        f.explanation = (
-            "every run began a new pass over one dataset that reshuffles on every pass "
-            f"({'; '.join(own[1])}): each pass comes in another order by design, "
-            "while fresh processes make the same passes; not non-determinism, but what it "
-            "feeds could not be compared"
-        )
+        _a_seeded_pass(f, own[1], alone=stages.get(f.op.resource) == [], lead="")
 
 
-def _seeded_pass_in_data(f: OpFinding, dataset: OpInfo, recordings: list[Recording]) -> None:
+def _seeded_pass_in_data(
+    f: OpFinding, dataset: OpInfo, recordings: list[Recording], device: str
+) -> None:
     """:func:`_seeded_passes` for a loop over a dataset inside a tf.function (the loop body is
     a tf.data function, see :func:`_written_in_data`): where the dataset it loops over was
     made before the function and reshuffles with a seed on every pass, and every run looped
-    over that one object, each run was its next pass."""
+    over that one object, each run was its next pass. Only where the loop body holds no random
+    op and no known culprit: otherwise the body stays the cause."""
 
     def entry(op: OpInfo) -> dict[str, Any]:
         found = (op.attrs.get(DATASET_PASSES) or {}).get("function")
@@ -1448,17 +1465,30 @@ def _seeded_pass_in_data(f: OpFinding, dataset: OpInfo, recordings: list[Recordi
     }
     if not own or len(same) != 1:
         return
+    random, known = _unseen_ops(dataset.attrs.get(PIPELINE_OPS, []), device)
     where = f" at {dataset.location}" if dataset.location else ""
+    lead = (
+        f"the variable is written inside a tf.data function ({dataset.op_type}{where}: a "
+        "Python for loop over a dataset inside a tf.function), and "
+    )
+    _a_seeded_pass(f, own.get("shuffles", []), alone=not (random or known), lead=lead)
+
+
+def _a_seeded_pass(f: OpFinding, shuffles: list[str], alone: bool, lead: str) -> None:
+    """Say that every run began a new pass of a seeded reshuffle: as the cause (kind
+    ``seeded pass``, not non-determinism) where nothing else in the pipeline can explain the
+    difference (``alone``), else besides the cause already found."""
+    passes = (
+        "every run began a new pass over one dataset made before the check that reshuffles on "
+        f"every pass ({'; '.join(shuffles)}): each pass comes in another order by design, while "
+        "fresh processes make the same passes"
+    )
+    if not alone:
+        f.explanation += f"; besides, {passes}"
+        return
     f.kind = "seeded pass"
     f.culprit = None
-    f.explanation = (
-        f"the variable is written inside a tf.data function ({dataset.op_type}{where}: a "
-        "Python for loop over a dataset inside a tf.function), and every run began a new pass "
-        "over one dataset made before the function that reshuffles on every pass "
-        f"({'; '.join(own.get('shuffles', []))}): each pass comes in another order by design, "
-        "while fresh processes make the same passes; not non-determinism, but what it feeds "
-        "could not be compared"
-    )
+    f.explanation = f"{lead}{passes}; not non-determinism, but what it feeds could not be compared"
 
 
 def _explain(f: OpFinding, device: str = "") -> None:

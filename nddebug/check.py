@@ -5,18 +5,24 @@ from __future__ import annotations
 import contextlib
 import numbers
 import re
+import warnings as py_warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from nddebug import knowledge
 from nddebug import state as st
-from nddebug.recording import DATASET_PASSES, OPAQUE, PIPELINE_OPS, Recording, seeded_random
+from nddebug.recording import (
+    DATASET_PASSES,
+    OPAQUE,
+    PIPELINE_OPS,
+    TABLE_WRITERS,
+    Recording,
+    seeded_random,
+)
 from nddebug.report import Report
 from nddebug.tracer.generators import GeneratorStates
 from nddebug.tracer.ops import WRITER, eager_identity
 
-#: Ops that change a lookup table's contents (a mutable table is state: state= holds it).
-TABLE_WRITERS = re.compile(r"^LookupTable(Insert|Import|Remove)")
 #: Ops that take a step's next input from state that goes on between runs, which check()
 #: cannot rewind: a tf.data iterator's next element, a queue's next elements.
 TAKES_NEXT = ("IteratorGetNext", "QueueDequeue")
@@ -519,6 +525,7 @@ def check(
         runs += kept.runs
         if keeper.reordered:
             warnings.append(_reordered_note(keeper.reordered))
+            keeper.reordered_said = len(keeper.reordered)
             for rec in runs:
                 rec.warnings.append(warnings[-1])
         if generators.late:
@@ -653,17 +660,12 @@ def check(
     from nddebug.verify import Replay
 
     report.replay = Replay(fn, args, kwargs, state, repeats, emulate_gpu)
-    said_reordered = len(keeper.reordered)
     keeper.restore(before)
-    if len(keeper.reordered) > said_reordered:
-        import warnings as py_warnings
-
+    if len(keeper.reordered) > keeper.reordered_said:  # found in later runs or just now
         py_warnings.warn(_reordered_note(keeper.reordered), stacklevel=2)
     failed = generators.restore()
     streams.restore()
     if failed:
-        import warnings as py_warnings
-
         py_warnings.warn(
             "nddebug.check() could not put back these random generators as they were before "
             f"it, so the steps after it draw from where its runs left them: {'; '.join(failed)}",
@@ -682,9 +684,9 @@ def _reordered_note(tables: list[Any]) -> str:
     names = ", ".join(str(getattr(t, "name", None) or getattr(t, "_name", "table")) for t in tables)
     return (
         f"check() put back the contents of lookup table(s) in state= ({names}) but not the "
-        "order they export them in: the step grew them past a resize, which emptying them "
-        "does not undo. A step that reads table.export() sees its keys in another order after "
-        "check() than without it; the lookups are unchanged."
+        "order they export them in (a step that grows a table past a resize does this: "
+        "emptying a hash table keeps its buckets). A step that reads table.export() sees its "
+        "keys in another order after check() than without it; the lookups are unchanged."
     )
 
 
@@ -706,8 +708,6 @@ _BLOCKERS = {
 
 def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
     """Per op key: how many of its re-executions in ``rec`` differed from it."""
-    import re
-
     counts: dict[str, list[int]] = {}
     blocked: dict[str, str] = {}  # why an op ran but was not re-executed (OpInfo.rerun)
     for ev in rec.events:
@@ -856,9 +856,10 @@ def _summaries_note(rec: Recording) -> str:
         return ""
     return (
         f"The step writes summaries ({', '.join(found[:3])}): each of check()'s runs wrote them "
-        "again, at the step number it started from, so the event file holds extra points at "
-        "that step (TensorBoard shows several values there). Check a step that writes no "
-        "summaries, or write them outside the checked function."
+        "again, so the event file holds extra points: at the same step where state= puts the "
+        "step counter back (an optimizer's iterations), otherwise at the next step numbers, "
+        "which shifts the steps after the check. Check a step that writes no summaries, or "
+        "write them outside the checked function."
     )
 
 

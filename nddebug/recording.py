@@ -75,6 +75,13 @@ STATE_FILLERS = re.compile(
     r"^(LookupTable(Insert|Import|Remove)|InitializeTable|QueueEnqueue|StackPush|"
     r"TensorArray(Write|Scatter|Split))"
 )
+#: Ops that change a mutable lookup table's contents (state= holds such a table).
+TABLE_WRITERS = re.compile(r"^LookupTable(Insert|Import|Remove)")
+#: Ops that take a queue's next elements (nothing can put them back) or fill it.
+QUEUE_TAKERS = re.compile(r"^QueueDequeue")
+QUEUE_FILLERS = re.compile(r"^QueueEnqueue")
+#: Ops that read a table or a queue back.
+TABLE_OR_QUEUE_READS = re.compile(r"^(LookupTable(Find|Size|Export)|Queue(Dequeue|Size))")
 #: OpInfo.function of calls nddebug cannot see inside: a tf.function traced before the block
 #: ("uninstrumented") or compiled with XLA ("xla"). Their outputs and the variables they can
 #: write are compared; the ops inside them are not.

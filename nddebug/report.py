@@ -314,6 +314,8 @@ class Report:
         if streams_only and all(f.kind == "seeded pass" for f in sources):
             # Each run was the next pass of a seeded reshuffle (analysis._seeded_passes).
             return "NOT compared: a seeded shuffle began a new pass in every run"
+        if streams_only and any(f.kind == "seeded pass" for f in sources):
+            return "NOT compared: seeded random ops and a seeded shuffle moved on in every run"
         if streams_only:
             # Not non-determinism (analysis._seeded_streams), but nothing it fed was compared.
             return "NOT compared: seeded random ops drew further on in their streams"

@@ -157,8 +157,10 @@ class StateKeeper:
         self.variables, self.tables = collect_state(state)
         self.initial: Snapshot = {}  # variables created while watching, at creation
         self.unreadable: list[str] = []  # created, but their initial value could not be read
-        # Tables whose contents were put back but not the order they export them in.
+        # Tables whose contents were put back but not the order they export them in, and
+        # how many of them check() has said so of.
         self.reordered: list[Any] = []
+        self.reordered_said = 0
 
     def also(self, extra: Any) -> None:
         """Keep ``extra``'s variables too (state the step changes that the user did not
@@ -242,19 +244,36 @@ def _set_table_contents(table: Any, contents: tuple[np.ndarray, np.ndarray]) -> 
     bucket, newest first: emptied and refilled in reverse export order it exports in the same
     order again, unless the step grew it (more buckets, which emptying does not undo)."""
     keys, values = contents
+    now_keys, now_values = _live_contents(table)
+    if _same(now_keys, keys) and _same(now_values, values):
+        return True  # unchanged (a table the step only reads): nothing to write
     for reverse in (True, False):
         current, _ = _live_contents(table)
         if len(current):
             table.remove(current)
-        if len(keys):
-            if reverse:
-                table.insert(keys[::-1].copy(), values[::-1].copy())
-            else:
+        try:
+            if len(keys):
+                if reverse:
+                    table.insert(keys[::-1].copy(), values[::-1].copy())
+                else:
+                    table.insert(keys, values)
+        except BaseException:
+            with contextlib.suppress(Exception):  # never leave the user's table empty
                 table.insert(keys, values)
+            raise
         again, _ = _live_contents(table)
         if np.array_equal(again, keys):
             return True
     return False
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two exported arrays are equal in shape, order and bytes (strings by value)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "OSU":
+        return bool(np.array_equal(a, b))
+    return a.tobytes() == b.tobytes()
 
 
 class TableState:

@@ -519,12 +519,13 @@ def save(
     the run being written. A run already in the file (same run_id) is left as it is. A new
     file appears complete (schema and meta) or not at all.
 
-    Runs are written in format ``format_version``: 3 (the default: op executions as
-    compressed columns) or 2 (one JSON row per op execution, which nddebug before format 3
-    reads; a new file is then made a version-2 file). Appending format-3 runs to a file of
-    version 1 or 2 upgrades it in place, in one transaction: the runs already there keep
-    their rows and still load, and the file then reads as version 3 (an nddebug older than
-    format 3 refuses it as newer)."""
+    Runs are written in format ``format_version``: 4 (the default: op executions as
+    compressed columns, each row's check bound to its run), 3 (the same with checks of each
+    row alone, which nddebug before format 4 reads) or 2 (one JSON row per op execution,
+    which nddebug before format 3 reads; a new file is then made a file of that version).
+    Appending runs of a newer format to a file of an older version upgrades it in place, in
+    one transaction: the runs already there keep their rows and still load, and the file then
+    reads as the newer version (an older nddebug refuses it as newer)."""
     if format_version not in WRITABLE_VERSIONS:
         raise ValueError(
             f"format_version must be one of {WRITABLE_VERSIONS}, got {format_version!r}"
@@ -1564,7 +1565,6 @@ class RunWriter:
         self._ops: dict[int, str] = {}  # op_id -> its JSON as written
         self._last_seq: int | None = None
         self._lock = threading.Lock()
-        self._bind = FORMAT_VERSION >= 4  # rows bound to the run (see FORMAT_VERSION)
         _create(path)
         self._con = _connect(path, create=True, threads=True)
         try:
@@ -1581,7 +1581,7 @@ class RunWriter:
                     header,
                     "interrupted",
                     [*recording.warnings, UNCLOSED_WARNING],
-                    self._bind,
+                    bind=True,
                 )
         except BaseException as exc:
             self._con.close()
@@ -1614,7 +1614,7 @@ class RunWriter:
                 with self._con:
                     self._con.execute("BEGIN IMMEDIATE")
                     self._con.executemany("INSERT OR REPLACE INTO ops VALUES (?, ?, ?)", rows)
-                    _insert_chunks(self._con, self.run_id, self.chunks_written, chunks, self._bind)
+                    _insert_chunks(self._con, self.run_id, self.chunks_written, chunks)
             except SQLITE_ERRORS as exc:
                 raise RecordingFileError(
                     f"{self.path}: could not write the recording ({_why(exc)})"
@@ -1630,7 +1630,7 @@ class RunWriter:
         for op_id, op in ops.items():
             if op.op_id != op_id:
                 raise ValueError(f"ops[{op_id}] is op {op.op_id}")
-            text = _op_json(op, self.run_id if self._bind else None)
+            text = _op_json(op, self.run_id)
             if self._ops.get(op_id) != text:
                 rows.append((self.run_id, op_id, text))
         return rows

@@ -72,8 +72,6 @@ def test_deterministic_pipelines_name_nothing() -> None:
 
 _UNSEEDED_SHUFFLE = """
 import tensorflow as tf
-
-import nddebug
 import nddebug
 
 w = tf.Variable(tf.ones([8, 1]))
@@ -119,8 +117,6 @@ def test_an_iterator_made_before_the_block_names_its_unseeded_shuffle(tmp_path: 
 _FIT_ON_UNSEEDED_SHUFFLE = """
 import keras
 import tensorflow as tf
-
-import nddebug
 import nddebug
 
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, kernel_initializer="ones")])
@@ -158,8 +154,6 @@ def test_only_a_dataset_read_through_can_be_said_to_hold_no_such_stage() -> None
 _DATA_THAT_DIFFERS = """
 import numpy as np
 import tensorflow as tf
-
-import nddebug
 import nddebug
 
 w = tf.Variable(tf.ones([4, 1]))
@@ -249,3 +243,57 @@ def test_an_epoch_over_a_seeded_reshuffling_dataset_is_a_new_pass_per_run(
     assert "Seed the shuffle" not in str(report) and "values it was made from" not in str(report)
     maker = "MakeIterator at " if loop == "eager" else "ScanDataset at "
     assert len(passes) == 1 and maker in passes[0], report.warnings
+
+
+@pytest.mark.parametrize(
+    "case", ["built in the step", "iterator made before", "parallel map", "random in the body"]
+)
+def test_a_seeded_pass_is_said_only_where_it_is_the_whole_story(case: str) -> None:
+    """What the seeded-pass rule must not cover: a dataset the step builds anew starts with
+    the same pass (reproducible); an iterator made before check() reads on in one pass (its
+    own warning, no pass); a stage that makes elements differ by itself, or a random op in
+    a tf.function loop's body, stays the cause and the verdict stays NOT reproducible (a
+    review found both called "not non-determinism")."""
+
+    def shuffled(map_deterministic: bool = True) -> Any:
+        ds = tf.data.Dataset.range(64).shuffle(64, seed=3)
+        if not map_deterministic:
+            ds = ds.map(lambda x: x * 2, num_parallel_calls=4, deterministic=False)
+        return ds.map(lambda x: tf.cast(x, tf.float32)).batch(8)
+
+    w = tf.Variable(1.0)
+
+    @tf.function
+    def train_step(x):
+        w.assign(w * 0.9 + tf.reduce_sum(x * tf.range(8, dtype=tf.float32)) * 0.01)
+
+    ds = shuffled(map_deterministic=case != "parallel map")
+    made = iter(ds.repeat())
+
+    def epoch():
+        for x in shuffled() if case == "built in the step" else ds:
+            train_step(x)
+
+    def read_on():
+        train_step(next(made))
+
+    @tf.function
+    def noisy_epoch():
+        for x in ds:
+            w.assign(w * 0.9 + tf.reduce_sum(x + tf.random.uniform([8])) * 0.01)
+
+    step = {"iterator made before": read_on, "random in the body": noisy_epoch}.get(case, epoch)
+    report = nddebug.check(step, state=w, repeats=3)
+    passes = [m for m in report.warnings if "reshuffles with its seed on every pass" in m]
+    kinds = {f.kind for f in report.comparison.findings if f.role == "source"}
+    if case == "built in the step":
+        assert report.ok, str(report)
+    else:
+        assert report.summary["verdict"] == "NOT reproducible", str(report)
+        assert "seeded pass" not in kinds, kinds
+    if case == "parallel map":
+        assert "deterministic=False" in str(report)
+    if case == "random in the body":
+        assert kinds == {"random"} and "RandomUniform" in str(report), str(report)
+    if case in ("built in the step", "iterator made before"):
+        assert not passes, report.warnings

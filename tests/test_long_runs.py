@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -548,7 +547,9 @@ def test_keras_validation_calls_are_not_training_steps() -> None:
 
 
 @pytest.mark.parametrize("detail", ["ops", "steps"])
-def test_a_step_of_keras_with_steps_per_execution_is_said_to_be_one_call(detail: str) -> None:
+def test_a_step_of_keras_with_steps_per_execution_is_said_to_be_one_call(
+    detail: str, tmp_path: Any
+) -> None:
     """With steps_per_execution=4 a step is one call of Keras's train function, 4 batches:
     the report said "step 3 of 4" for a difference in batch 9 of 10 and never said what it
     counted (probe round 32, F6). It names the function, and what a call of it is."""
@@ -583,11 +584,10 @@ def test_a_step_of_keras_with_steps_per_execution_is_said_to_be_one_call(detail:
     assert "A step is one call of multi_step_on_iterator (Keras's train function: " in text
     assert "steps_per_execution=4, so a call trains up to 4 batches)" in text
     # The file keeps it: the same sentence from the saved recordings.
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "runs.ndtrace")
-        for rec in recs:
-            rec.save(path)
-        assert nddebug.compare(nddebug.load(path)).first_divergence == fd
+    path = str(tmp_path / "runs.nddebug")
+    for rec in recs:
+        rec.save(path)
+    assert nddebug.compare(nddebug.load(path)).first_divergence == fd
 
 
 _EVAL_EVERY_4 = """

@@ -829,6 +829,23 @@ def test_a_queue_the_step_takes_from_is_named() -> None:
     assert "shuffle_batch" not in str(report), str(report)  # TF1 queue runners' advice
 
 
+def test_a_queue_the_step_makes_in_every_run_keeps_its_own_culprit() -> None:
+    """An unseeded RandomShuffleQueue made in the step: a new queue in every run, so nothing
+    carried over between runs, and its culprit (seed the queue) stands (a review found it
+    explained as a queue "the runs before left")."""
+
+    def step():
+        queue = tf.queue.RandomShuffleQueue(100, 0, [tf.float32], shapes=[[]])
+        queue.enqueue_many([tf.range(100, dtype=tf.float32)])
+        return queue.dequeue_many(10)
+
+    report = nddebug.check(step, repeats=3)
+    (source,) = [f for f in report.comparison.findings if f.role == "source"]
+    assert source.op.op_type == "QueueDequeueManyV2" and source.culprit is not None
+    assert "the runs before left" not in source.explanation
+    assert not any("a queue it did not create" in m for m in report.warnings)
+
+
 @pytest.mark.parametrize(
     "bad, named",
     [

@@ -246,15 +246,19 @@ def _note_read_dataset(rec: Any, op: OpInfo, inputs: Any) -> None:
     if not identity or identity in rec.iterator_datasets or identity in rec.iterators_examined:
         return
     rec.iterators_examined.add(identity)
-    _keep_stages(op, identity, datasets.iterator_dataset(getattr(handle, "_id", None)))
+    dataset = datasets.iterator_dataset(getattr(handle, "_id", None))
+    _keep_stages(op, identity, dataset, bound=False)
 
 
-def _keep_stages(op: OpInfo, iterator: str, dataset: Any) -> None:
+def _keep_stages(op: OpInfo, iterator: str, dataset: Any, bound: bool = True) -> None:
+    """Keep on ``op`` what in ``dataset`` can make the elements of ``iterator`` differ; and,
+    where the iterator was ``bound`` in the block (a new pass begins), the seeded reshuffles
+    its dataset makes on every pass (an iterator made before reads on in one pass)."""
     stages = datasets.dataset_stages(dataset) if dataset is not None and iterator else []
     if stages or (dataset is not None and iterator and datasets.read_through(dataset)):
         # [] too where the dataset was read through: none of them is there
         op.attrs.setdefault(DATASET_STAGES, {})[iterator] = stages
-    passes = datasets.reshuffles(dataset) if dataset is not None and iterator else {}
+    passes = datasets.reshuffles(dataset) if bound and dataset is not None and iterator else {}
     if passes:
         op.attrs.setdefault(DATASET_PASSES, {})[iterator] = passes
 

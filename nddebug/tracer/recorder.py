@@ -322,10 +322,8 @@ class Recorder:
             except Exception as exc:  # noqa: BLE001 - never break the user's program
                 # Not compared: what it output is seen only where its readers digest it,
                 # and its own row is missing; a verdict cannot be "ok".
-                said = (
-                    f"{NOT_COMPARED}op {op_type} {op_name or ''} could not be recorded: "
-                    f"{type(exc).__name__}: {exc}"
-                )
+                what = " ".join(x for x in (op_type, op_name) if x)
+                said = f"{NOT_COMPARED}op {what} could not be recorded: {type(exc).__name__}: {exc}"
                 if graph is not None:
                     # Said again whenever the function runs in a later block (see say()).
                     instrument.say(self, graph, said)
