@@ -1471,7 +1471,8 @@ def _seeded_pass_in_data(
         f"the variable is written inside a tf.data function ({dataset.op_type}{where}: a "
         "Python for loop over a dataset inside a tf.function), and "
     )
-    _a_seeded_pass(f, own.get("shuffles", []), alone=not (random or known), lead=lead)
+    alone = own.get("alone") is True and not (random or known)  # the dataset's stages too
+    _a_seeded_pass(f, own.get("shuffles", []), alone=alone, lead=lead)
 
 
 def _a_seeded_pass(f: OpFinding, shuffles: list[str], alone: bool, lead: str) -> None:

@@ -1320,9 +1320,13 @@ def _pipeline(rec: Any, graph: Any, info: OpInfo, op: Any, inputs: Any, outputs:
         # is the dataset's next pass (see datasets.reshuffles and analysis._seeded_passes).
         outer = _captured_from(graph, inputs[0])  # a dataset made outside the function
         variant = inputs[0] if outer is None else outer
-        passes = datasets.reshuffles(datasets.dataset_of(variant))
+        looped = datasets.dataset_of(variant)
+        passes = datasets.reshuffles(looped)
         if passes:
-            info.attrs[DATASET_PASSES] = {"function": passes}
+            # Whether nothing else in the dataset makes elements differ (read through, no
+            # stage found): only then is the reshuffle the whole story.
+            alone = datasets.read_through(looped) and not datasets.dataset_stages(looped)
+            info.attrs[DATASET_PASSES] = {"function": {**passes, "alone": alone}}
     found |= own
     if not found:
         return []
