@@ -75,6 +75,10 @@ STATE_FILLERS = re.compile(
     r"^(LookupTable(Insert|Import|Remove)|InitializeTable|QueueEnqueue|StackPush|"
     r"TensorArray(Write|Scatter|Split))"
 )
+#: OpInfo.attrs key of a variable update whose variable a distribution strategy keeps per
+#: replica by design (synchronization=ON_READ: a Keras metric's totals, summed when read):
+#: replica_consistency does not compare its replicas.
+PER_REPLICA = "per_replica"
 #: Ops that change a mutable lookup table's contents (state= holds such a table).
 TABLE_WRITERS = re.compile(r"^LookupTable(Insert|Import|Remove)")
 #: Ops that take a queue's next elements (nothing can put them back) or fill it.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nddebug.errors import NotComparableError
-from nddebug.recording import UPDATE_NOTE, Event, OpInfo, Recording
+from nddebug.recording import PER_REPLICA, UPDATE_NOTE, Event, OpInfo, Recording
 
 __all__ = [
     "COLLECTIVE_OP_TYPES",
@@ -290,10 +290,19 @@ def _consistency(
         {
             f"{op.op_type} {op.op_name}"
             for op_id, op in recording.ops.items()
-            if op.note == UPDATE_NOTE and op_id in replica and op_id not in group_of
+            if op.note == UPDATE_NOTE
+            and op_id in replica
+            and op_id not in group_of
+            and not op.attrs.get(PER_REPLICA)
         }
     )
-    updates = [u for u in execs.items() if recording.ops[_first(u[1]).op_id].note == UPDATE_NOTE]
+    updates = [
+        u
+        for u in execs.items()
+        if recording.ops[_first(u[1]).op_id].note == UPDATE_NOTE
+        # Per replica by design (synchronization=ON_READ: a metric's totals): not compared.
+        and not recording.ops[_first(u[1]).op_id].attrs.get(PER_REPLICA)
+    ]
     # Paired ops, but an execution that ran in only some replicas.
     partial = [recording.ops[_first(unit).op_id] for _, unit in updates if len(unit) != n]
     unpaired += sorted({f"{op.op_type} {_strip(op.op_name)}" for op in partial})

@@ -357,3 +357,58 @@ def test_replica_consistency_rejects_what_it_cannot_compare() -> None:
         nddebug.replica_consistency([])  # type: ignore[arg-type]
     with pytest.raises(nddebug.NotComparableError, match="no replicas"):
         nddebug.replica_consistency(Recording())
+
+
+def test_variables_kept_per_replica_by_design_are_not_inconsistent() -> None:
+    """A variable with synchronization=ON_READ (a Keras metric's or loss tracker's totals) is
+    per replica by design: every fit under the strategy with a metric was INCONSISTENT (probe
+    round 36, finding 6). A Keras fit with a metric is consistent now; a mirrored variable
+    updated with per-replica values (no all-reduce) still is not."""
+    out = run_python(
+        SETUP
+        + """
+keras.utils.set_random_seed(2)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+    model.compile("sgd", "mse", metrics=["mae"], jit_compile=False)
+x = np.random.RandomState(0).randn(32, 6).astype("float32")
+y = np.random.RandomState(1).randn(32, 2).astype("float32")
+with nddebug.trace() as rec:
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+fit = nddebug.replica_consistency(rec)
+
+with strategy.scope():
+    w = tf.Variable(tf.ones([4, 3]))
+    seen = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.SUM)
+xs = tf.random.stateless_normal([8, 4], seed=[1, 2])
+parts = strategy.experimental_distribute_values_from_function(
+    lambda ctx: xs[4 * ctx.replica_id_in_sync_group : 4 * ctx.replica_id_in_sync_group + 4])
+
+def make(reduce):
+    @tf.function
+    def train(xb):
+        def step(xb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.matmul(xb, w) ** 2)
+            g = tape.gradient(loss, w)
+            if reduce:
+                g = tf.distribute.get_replica_context().all_reduce("sum", g)
+            w.assign_sub(0.01 * g)
+            seen.assign_add(tf.reduce_sum(xb))
+        strategy.run(step, args=(xb,))
+    return train
+
+results = {}
+for reduce in (True, False):
+    with nddebug.trace() as rec:
+        make(reduce)(parts)
+    results[reduce] = nddebug.replica_consistency(rec)
+print(json.dumps({
+    "fit": fit.consistent, "reduced": results[True].consistent,
+    "unreduced": results[False].consistent, "unreduced_vars": len(results[False].variables),
+}))
+"""
+    )
+    assert out["fit"] and out["reduced"], out
+    assert not out["unreduced"] and out["unreduced_vars"] == 1, out

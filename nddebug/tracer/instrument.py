@@ -23,6 +23,7 @@ from nddebug.recording import (
     DATASET_PASSES,
     NOT_COMPARED,
     PARALLEL_RANDOM,
+    PER_REPLICA,
     PIPELINE_OPS,
     RECORDED_BY_CALLER,
     SHAPE_ONLY_OPS,
@@ -947,6 +948,27 @@ def variable_identity(graph: Any, handle: Any) -> str:
     return f"{graph_key(graph)}:{handle.name}"
 
 
+def kept_per_replica(resource: str, depth: int = 60) -> bool:
+    """Whether the variable behind ``resource`` (``eager:<id>`` of its handle) is one a
+    distribution strategy keeps per replica by design (``synchronization=ON_READ``: a Keras
+    metric's or loss tracker's totals, summed when read): its replicas' values differ by
+    design, and replica_consistency must not call them inconsistent. Found from the frames of
+    the code updating it (the variable's own ``assign_add`` holds it as ``self``); asked once
+    per update op, as it is traced."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        var = frame.f_locals.get("self")
+        sync = getattr(getattr(var, "_synchronization", None), "name", "")
+        if sync:
+            handle = getattr(var, "_handle", None)
+            if f"eager:{getattr(handle, '_id', None)}" == resource:
+                return sync == "ON_READ"
+        frame = frame.f_back
+    return False
+
+
 def _captured_from(graph: Any, tensor: Any) -> Any:
     """The outer tensor (eager, or of the enclosing graph) that ``tensor`` captures, if any.
     The graph's captures grow while it is built: the map is made again on a miss."""
@@ -1729,6 +1751,8 @@ def instrument_op(
         # what it returns) or not (then it is judged as an opaque call), as for eager calls.
         function=opaque.function_kind(callee) if callee else "",
     )
+    if after_write and info.resource.startswith("eager:") and kept_per_replica(info.resource):
+        info.attrs[PER_REPLICA] = True  # see recording.PER_REPLICA
     form = ops.attrs_form(attrs)
     if form:  # its attribute values: compared like its inputs (see ops.attrs_form)
         info.attrs["form"] = ops.form_code(form)
