@@ -13,6 +13,7 @@ from nddebug import knowledge
 from nddebug import state as st
 from nddebug.recording import (
     DATASET_PASSES,
+    NOT_COMPARED,
     OPAQUE,
     PIPELINE_OPS,
     TABLE_WRITERS,
@@ -532,6 +533,10 @@ def check(
             warnings.append(LATE_GENERATORS_NOTE.format(n=len(generators.late)))
             for rec in runs:
                 rec.warnings.append(warnings[-1])
+        if traced_unseeded:
+            warnings.append(TRACED_UNSEEDED_NOTE.format(ops=", ".join(traced_unseeded[:4])))
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
         if kept.dropped:
             warnings.append(kept.dropped_note())
             for rec in runs:
@@ -605,6 +610,7 @@ def check(
 
     from nddebug.emulate import emulate_gpu as emulation
 
+    traced_unseeded = _traced_unseeded(fn, seed)
     try:
         with emulation() if emulate_gpu else contextlib.nullcontext():
             as_compiled = None
@@ -688,6 +694,42 @@ def _reordered_note(tables: list[Any]) -> str:
         "emptying a hash table keeps its buckets). A step that reads table.export() sees its "
         "keys in another order after check() than without it; the lookups are unchanged."
     )
+
+
+#: Said when the function the user runs holds unseeded random ops that check()'s copy of it,
+#: traced under a global seed, holds seeded (see _traced_unseeded).
+TRACED_UNSEEDED_NOTE = (
+    NOT_COMPARED + "the function you run was traced before a global seed was set "
+    "(tf.random.set_seed, or check(seed=...)), so its random ops ({ops}) are unseeded in it and "
+    "draw other numbers in every process; check() traced a copy under the seed set now, in "
+    "which they are seeded, so it checked another program than the one that runs. Set the "
+    "seed before the function's first call, or give the ops a seed=."
+)
+
+
+def _traced_unseeded(fn: Any, seed: int | None) -> list[str]:
+    """The unseeded stateful random ops ("RandomUniform in __inference_step_12") of the graphs
+    ``fn`` (a tf.function) was traced into before check(), where a global seed is set now (or
+    check() sets one): check() retraces a copy, whose ops take op seeds from that global seed,
+    while the function the user calls keeps the graph it has, with ops that draw from the
+    operating system's entropy in every process. It was "reproducible" (probe round 36)."""
+    from tensorflow.python.eager import context
+
+    if seed is None and context.global_seed() is None:
+        return []
+    try:
+        concrete = fn._list_all_concrete_functions()
+    except Exception:  # noqa: BLE001 - not a tf.function, or one never traced
+        return []
+    from nddebug.tracer import opaque
+
+    found = []
+    for cf in concrete:
+        name = cf.function_def.signature.name
+        for t in opaque.ops_inside(name, cf.graph):
+            if t.endswith("(unseeded)"):
+                found.append(f"{t.removesuffix('(unseeded)')} in {name}")
+    return sorted(set(found))
 
 
 #: Said when the step drew from tf.random.Generators first after check()'s warm-up.

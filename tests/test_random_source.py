@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import nddebug
 from nddebug.tracer import fresh
+from tests.helpers import run_python
 
 
 class NoisyDense(keras.layers.Layer):
@@ -324,3 +325,40 @@ def test_random_ops_lists_every_stateful_op_with_a_seeded_kernel() -> None:
         and not op.name.startswith("CudnnRNN")
     }
     assert seeded == set(RANDOM_OPS)
+
+
+def test_a_function_traced_before_the_global_seed_is_not_called_reproducible() -> None:
+    """A tf.function first called with no global seed holds an unseeded RandomUniform, which
+    draws other numbers in every process; check() after tf.random.set_seed retraced a copy in
+    which the op was seeded, and said "reproducible" (probe round 36, finding 3). It says
+    what it checked instead, and the verdict is "not everything compared". A function first
+    traced after the seed was set is checked as it runs. (A fresh interpreter: the global
+    seed is process-wide.)"""
+    out = run_python(
+        """
+import json
+import tensorflow as tf
+import nddebug
+
+w = tf.Variable(tf.ones([4]))
+
+def make():
+    @tf.function
+    def step():
+        w.assign_add(tf.random.uniform([4]) * 1e-3)
+    return step
+
+early = make()
+early()  # traced with no global seed: unseeded in the program
+tf.random.set_seed(5)
+late = make()
+late()  # traced under the seed: seeded
+reports = [nddebug.check(f, state=w, repeats=3) for f in (early, late)]
+print(json.dumps([
+    [r.summary["verdict"], any("traced before a global seed" in x for x in r.warnings)]
+    for r in reports
+]))
+"""
+    )
+    assert out[0] == ["no difference seen, but not everything compared", True], out
+    assert out[1] == ["reproducible", False], out
