@@ -298,6 +298,8 @@ MAX_CAPTURES = 6
 def _not_yet_measured(sources: set[str], captures: list[Recording]) -> set[str]:
     """The sources whose captured values the report could not measure yet (the same in every
     capture run so far), by the rule the report's magnitudes use (quantify.measure)."""
+    import numpy as np
+
     from nddebug import quantify
     from nddebug.analysis import unit_values
 
@@ -305,6 +307,10 @@ def _not_yet_measured(sources: set[str], captures: list[Recording]) -> set[str]:
     values = unit_values(captures)
     for (unit, _slot), arrays in values.items():
         if unit[1] in sources and unit[1] not in measured:
+            shapes = {(np.shape(a), getattr(a, "dtype", None)) for a in arrays}
+            if len(shapes) > 1:  # it recurred: values of other shapes (a padded batch)
+                measured.add(unit[1])
+                continue
             d = quantify.measure(arrays)
             if d is not None and d.frac_differing > 0:
                 measured.add(unit[1])
@@ -542,10 +548,13 @@ def check(
             for rec in runs:
                 rec.warnings.append(warnings[-1])
         report = Report(runs, mode=mode)
+        # An iterator or queue every run reads on from: each more run (capture, confirm)
+        # takes elements the training after check() then misses, and a finite queue ran dry.
+        carried = iterators_carried_over(warm, kept.runs[0]) if kept.runs else {}
         if mode == "repeat" and kept.runs:
             note = _iterator_note(
                 report,
-                iterators_carried_over(warm, kept.runs[0]),
+                carried,
                 any(st.is_iterator(a) for a in (*args, *kwargs.values())),
             )
             if note:
@@ -587,7 +596,7 @@ def check(
             report = Report(runs, mode=mode)
         keys = {f.key for f in report.comparison.findings if f.role != "control flow"}
         # Rerun mode measured divergent outputs as it went: no second pass.
-        if quantify and keys and mode == "repeat":
+        if quantify and keys and mode == "repeat" and not carried:
             step = retrace()
             one_run(step, "capture warm-up", keys)
             sources = {f.key for f in report.comparison.findings if f.role == "source"}
@@ -600,7 +609,7 @@ def check(
                     break
             report = Report(runs, mode="repeat", captures=captures)
         hidden = report.hidden_risk_keys()
-        if confirm and hidden and mode == "repeat":
+        if confirm and hidden and mode == "repeat" and not carried:
             # The known culprits that ran without diverging: re-execute each alone on its
             # own inputs, in one more step traced afresh (its graphs get the copies).
             step = retrace()

@@ -309,3 +309,15 @@ def test_a_seeded_pass_is_said_only_where_it_is_the_whole_story(case: str) -> No
         assert kinds == {"random"} and "RandomUniform" in str(report), str(report)
     if case in ("built in the step", "iterator made before"):
         assert not passes, report.warnings
+
+
+def test_a_cache_after_a_seeded_shuffle_replays_its_first_pass() -> None:
+    """cache() keeps the first pass and replays it: the shuffles below it do not reshuffle,
+    and check() warned that the passes after it were shifted (probe round 36, finding 9)."""
+    from nddebug.tracer.datasets import reshuffles
+
+    base = tf.data.Dataset.range(8)
+    assert reshuffles(base.shuffle(8, seed=1).cache().batch(2)) == {}
+    assert reshuffles(base.cache().shuffle(8, seed=1).batch(2))["shuffles"]
+    assert reshuffles(base.shuffle(8, seed=1, reshuffle_each_iteration=False)) == {}
+    assert reshuffles(base.shuffle(8)) == {}  # unseeded: a stage of its own, not a pass

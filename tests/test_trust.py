@@ -827,6 +827,9 @@ def test_a_queue_the_step_takes_from_is_named() -> None:
     assert source.op.op_type == "QueueDequeueV2"
     assert "a queue that the step itself changes" in source.explanation
     assert "shuffle_batch" not in str(report), str(report)  # TF1 queue runners' advice
+    # The warm-up, 3 repeats and the ordinary step: no capture or confirmation run took more
+    # (a finite queue ran dry, and the training after check() blocked for ever).
+    assert int(queue.size()) == 95
 
 
 def test_a_queue_the_step_makes_in_every_run_keeps_its_own_culprit() -> None:

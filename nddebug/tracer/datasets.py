@@ -184,7 +184,8 @@ def reshuffles(dataset: Any) -> dict[str, Any]:
     As ``recording.DATASET_PASSES`` keeps it: {"dataset": the first such shuffle's eager
     identity, "shuffles": one sentence each}, or {} where there is none."""
     found, first = [], ""
-    for d in _tree(dataset):
+    # Below a cache() the first pass is kept and replayed: its shuffles do not reshuffle.
+    for d in _tree(dataset, below=lambda d: "Cache" not in type(d).__name__):
         name = type(d).__name__.lstrip("_")
         if "Shuffle" in name and not _unseeded(d) and getattr(d, "_reshuffle_each_iteration", 0):
             variant = getattr(d, "_variant_tensor", None)
@@ -198,8 +199,9 @@ def reshuffles(dataset: Any) -> dict[str, Any]:
     return {"dataset": first, "shuffles": found} if found else {}
 
 
-def _tree(dataset: Any) -> list[Any]:
-    """``dataset`` and every dataset it is built on (its inputs, theirs, ...)."""
+def _tree(dataset: Any, below: Any = None) -> list[Any]:
+    """``dataset`` and every dataset it is built on (its inputs, theirs, ...); with
+    ``below``, only the inputs of the datasets for which ``below(dataset)`` is true."""
     out: list[Any] = []
     seen: set[int] = set()
     todo = [dataset]
@@ -209,6 +211,8 @@ def _tree(dataset: Any) -> list[Any]:
             continue
         seen.add(id(d))
         out.append(d)
+        if below is not None and not below(d):
+            continue
         try:
             todo += list(d._inputs())
         except Exception:  # noqa: BLE001 - a dataset class that cannot list its inputs
