@@ -543,6 +543,10 @@ def check(
             warnings.append(TRACED_UNSEEDED_NOTE.format(ops=", ".join(traced_unseeded[:4])))
             for rec in runs:
                 rec.warnings.append(warnings[-1])
+        if emulate_gpu and seed is not None:
+            warnings.append(SEEDED_EMULATION_NOTE)
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
         if kept.dropped:
             warnings.append(kept.dropped_note())
             for rec in runs:
@@ -705,6 +709,14 @@ def _reordered_note(tables: list[Any]) -> str:
     )
 
 
+#: Said for check(emulate_gpu=True, seed=...): see the text (probe round 36, finding 5).
+SEEDED_EMULATION_NOTE = (
+    NOT_COMPARED + "the emulated GPU accumulation order: check(seed=...) sets "
+    "tf.random.set_seed before every run, which resets TensorFlow's random kernels, the "
+    "emulation's random masks among them, so every run replays the same emulated order and "
+    "its divergence cannot show. Seed the program yourself (before building the model) and "
+    "check without seed= when emulating."
+)
 #: Said when the function the user runs holds unseeded random ops that check()'s copy of it,
 #: traced under a global seed, holds seeded (see _traced_unseeded).
 TRACED_UNSEEDED_NOTE = (

@@ -571,3 +571,23 @@ def test_a_pretraced_function_the_step_calls_is_said_not_emulated() -> None:
     report = nddebug.check(segsum, x, repeats=2, emulate_gpu=True)
     assert not any(w.startswith("emulate_gpu() did not reach") for w in report.warnings)
     assert "UnsortedSegmentSum" in set(report.sources["op_type"]), str(report)
+
+
+def test_check_with_seed_says_the_emulated_order_was_not_compared() -> None:
+    """check(emulate_gpu=True, seed=S) resets TensorFlow's random kernels before every run
+    (tf.random.set_seed), the emulation's masks among them: every run replayed one emulated
+    order, and the report said "No traced op differed" where the same check without seed=
+    named UnsortedSegmentSum (probe round 36, finding 5). It says what it could not compare."""
+    rng = np.random.default_rng(0)
+    emb = tf.Variable(rng.normal(size=(50, 8)).astype("float32"))
+    seg = tf.constant(np.sort(rng.integers(0, 10, size=200)), tf.int32)
+    ids = tf.constant(rng.integers(0, 50, size=200), tf.int32)
+
+    @tf.function
+    def step():
+        s = tf.math.unsorted_segment_sum(tf.gather(emb, ids) * 1.1, seg, 10)
+        emb.assign_sub(tf.reduce_sum(s) * 1e-3 * tf.ones_like(emb))
+
+    report = nddebug.check(step, state=emb, repeats=3, emulate_gpu=True, seed=3)
+    assert not report.ok
+    assert any("emulated GPU accumulation order" in x for x in report.not_compared), report
