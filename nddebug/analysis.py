@@ -541,6 +541,13 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     data_writers = _data_function_writers(recordings)
     changed = _changed_by_the_step(recordings)
     stages = _dataset_stages(recordings)
+    reshuffled = {
+        iterator: list(entry.get("shuffles", []))
+        for r in recordings
+        for op in r.ops.values()
+        for iterator, entry in (op.attrs.get(DATASET_PASSES) or {}).items()
+        if isinstance(entry, dict)
+    }
     python_functions = _python_functions(recordings)
     updates = _updates_per_graph(recordings)
     restored = {
@@ -564,7 +571,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
         if f.role == "source" and f.op.attrs.get(PIPELINE_OPS):
             _behind_data_functions(f, device)
         if f.role == "source" and f.kind == "input pipeline" and stages:
-            _name_dataset_stages(f, stages)
+            _name_dataset_stages(f, stages, reshuffled)
         # The variable a read or check()'s value after the step (VariableState) is of.
         state = f.op.attrs.get("variable") if f.op.op_type == "VariableState" else f.op.resource
         if f.role == "source" and state and state in data_writers:
@@ -1189,7 +1196,9 @@ def _dataset_stages(recordings: list[Recording]) -> dict[str, list[str]]:
     return found
 
 
-def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
+def _name_dataset_stages(
+    f: OpFinding, stages: dict[str, list[str]], reshuffled: dict[str, list[str]]
+) -> None:
     """An input pipeline that differed, with what its dataset holds that makes elements
     differ: the iterator it reads, or, for a read that cannot say which iterator (one passed
     to the function as an argument, a read of what an iterator handed out), the one pipeline
@@ -1206,6 +1215,15 @@ def _name_dataset_stages(f: OpFinding, stages: dict[str, list[str]]) -> None:
             "the dataset behind it holds what makes its elements differ from run to run: "
             + "; ".join(own)
             + f". In general, {f.explanation[:1].lower()}{f.explanation[1:]}"
+        )
+    elif own is not None and f.op.resource in reshuffled:
+        f.explanation = (
+            "the dataset behind it holds no stage that reorders or draws by chance, but it "
+            f"reshuffles with its seed on every pass ({'; '.join(reshuffled[f.op.resource])}): "
+            "runs made in one process (two trace() blocks, or check()) see its next pass, in "
+            "another order by design, while fresh processes make the same passes. If these "
+            "runs were separate processes, the values it was made from differed instead (an "
+            "unseeded NumPy or Python draw, files or a set listed in another order)"
         )
     elif own is not None:
         f.explanation = (

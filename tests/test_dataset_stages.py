@@ -321,3 +321,29 @@ def test_a_cache_after_a_seeded_shuffle_replays_its_first_pass() -> None:
     assert reshuffles(base.cache().shuffle(8, seed=1).batch(2))["shuffles"]
     assert reshuffles(base.shuffle(8, seed=1, reshuffle_each_iteration=False)) == {}
     assert reshuffles(base.shuffle(8)) == {}  # unseeded: a stage of its own, not a pass
+
+
+def test_two_blocks_in_one_process_over_a_seeded_reshuffle_say_so() -> None:
+    """Two trace() blocks in one process, each looping over one dataset shuffled with a seed:
+    the second is its next pass. compare() blamed "the values it was made from" (an unseeded
+    NumPy draw) where fresh processes are reproducible (probe round 36, finding 8)."""
+    ds = tf.data.Dataset.range(32).shuffle(32, seed=7).map(lambda x: tf.cast(x, tf.float32))
+    ds = ds.batch(8)
+    w = tf.Variable(1.0)
+
+    @tf.function
+    def train_step(x):
+        w.assign(w * 0.9 + tf.reduce_sum(x * tf.range(8, dtype=tf.float32)) * 0.01)
+
+    recs = []
+    for _ in range(2):
+        w.assign(1.0)
+        with nddebug.trace() as rec:
+            for x in ds:
+                train_step(x)
+        recs.append(rec)
+    report = nddebug.compare(recs)
+    (source,) = [f for f in report.comparison.findings if f.role == "source"]
+    assert source.op.op_type == "IteratorGetNext"
+    assert "reshuffles with its seed on every pass" in source.explanation
+    assert "fresh processes make the same passes" in source.explanation
