@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import tensorflow as tf
+
 import nddebug
 from nddebug import verify
 from nddebug.tracer import EMULATE_ENV
@@ -83,3 +85,26 @@ def test_without_a_step_or_a_script_nothing_is_claimed() -> None:
     assert set(table["verdict"]) == {"not verified"}
     crop = table[table["op_type"] == "CropAndResizeGradImage"].iloc[0]
     assert "pass script=" in crop["detail"]
+
+
+def test_seeding_a_dataset_built_before_the_check_is_not_verified_in_process() -> None:
+    """Seeds set before each run of an in-process check cannot reach a dataset built before
+    it: verify() said "still divergent" for a fix that works in a fresh process (probe round
+    36, finding 4). It says it could not verify it here, and how to."""
+    ds = tf.data.Dataset.from_tensor_slices(tf.linspace(0.1, 3.3, 32)).shuffle(32).batch(8)
+    w = tf.Variable(1.0)
+
+    @tf.function
+    def train_step(x):
+        w.assign(w * 0.9 + tf.reduce_sum(x * tf.range(8, dtype=tf.float32)) * 0.01)
+
+    def epoch():
+        for x in ds:
+            train_step(x)
+
+    report = nddebug.check(epoch, state=w, repeats=3)
+    assert not report.ok
+    rows = report.verify()
+    row = rows[rows["op_type"] == "IteratorGetNext"].iloc[0]
+    assert row["verdict"] == "not verified", rows.to_string()
+    assert "verify with a script" in row["detail"]
