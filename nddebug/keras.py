@@ -9,6 +9,10 @@ import keras
 
 from nddebug.errors import NddebugError
 
+#: How check()'s warnings about what its runs added to the user's files begin: the callback
+#: says them even when the check passed (probe round 36: summaries written in train_step).
+SIDE_EFFECTS = ("The step writes summaries",)
+
 
 class NonDeterminismError(NddebugError):
     """Raised by DeterminismCheck(on_failure="raise"); ``.report`` holds the report."""
@@ -41,6 +45,7 @@ class DeterminismCheck(keras.callbacks.Callback):
         self.repeats = repeats
         self.on_failure = on_failure
         self.reports: list[Any] = []
+        self._said: set[str] = set()  # side-effect warnings already given (see SIDE_EFFECTS)
         self._step = 0  # training steps (batches) done before this call, over all epochs
         self._begin = 0
         self._original: Any = None
@@ -129,6 +134,12 @@ class DeterminismCheck(keras.callbacks.Callback):
         report = check(step, repeats=self.repeats, state=model, advance=False)
         self.reports.append(report)
         outputs = original(batch_iterator())
+        # What the checks add to the user's files is said once, passed or not (the report of
+        # a check that passed is not shown).
+        for said in report.warnings:
+            if said.startswith(SIDE_EFFECTS) and said not in self._said:
+                self._said.add(said)
+                warnings.warn(f"nddebug: {said}", stacklevel=2)
         if not report.ok:
             if self.on_failure == "raise":
                 raise NonDeterminismError(report)

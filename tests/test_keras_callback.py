@@ -249,3 +249,29 @@ def test_callback_on_an_eager_model_with_global_seeded_noise_trains_as_fit() -> 
     callback = DeterminismCheck(every_n_steps=2, repeats=2)
     assert train([callback]) == train([])
     assert len(callback.reports) == 2
+
+
+def test_summaries_written_in_the_train_step_are_said_even_when_the_check_passes(
+    tmp_path: Any,
+) -> None:
+    """Each check's warm-up and repeats wrote the train step's summaries again (5 events
+    became 11), and the warning stayed in cb.reports, which a passing check never shows
+    (probe round 36, finding 7). The callback says it once."""
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    class Logged(keras.Model):
+        def train_step(self, data):
+            logs = super().train_step(data)
+            tf.summary.write("loss", logs["loss"], step=self.optimizer.iterations)
+            return logs
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    model = Logged(inputs, keras.layers.Dense(1)(inputs))
+    model.compile("sgd", "mse")
+    x = np.linspace(-1, 1, 64 * 4).reshape(64, 4).astype("float32")
+    callback = DeterminismCheck(every_n_steps=2)
+    with writer.as_default(), pytest.warns(UserWarning, match="writes summaries") as said:
+        model.fit(x, x.sum(1, keepdims=True), batch_size=16, verbose=0, callbacks=[callback])
+    assert all(r.ok for r in callback.reports) and len(callback.reports) == 2
+    assert len([w for w in said if "writes summaries" in str(w.message)]) == 1
