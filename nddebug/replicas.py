@@ -217,9 +217,13 @@ def replica_consistency(recording: Recording) -> ReplicaConsistency:
         raise TypeError(f"replica_consistency() takes a Recording, got {type(recording).__name__}")
     replica = replica_of_ops(recording)
     if len(set(replica.values())) < 2:
+        # A step whose function was traced before the block ran uninstrumented: its replicas'
+        # ops are not in the recording, and its own warning says why (probe round 36).
+        unseen = [w for w in recording.warnings if "ran uninstrumented" in w][:1]
         raise NotComparableError(
             "the recording has no replicas to compare: trace a step that calls strategy.run "
             "inside a tf.function under a tf.distribute strategy with two or more devices"
+            + (f" (the recording says: {unseen[0]})" if unseen else "")
         )
     return _consistency(recording, replica, _align(recording, replica))
 
