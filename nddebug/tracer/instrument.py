@@ -954,7 +954,11 @@ def kept_per_replica(resource: str, depth: int = 60) -> bool:
     metric's or loss tracker's totals, summed when read): its replicas' values differ by
     design, and replica_consistency must not call them inconsistent. Found from the frames of
     the code updating it (the variable's own ``assign_add`` holds it as ``self``); asked once
-    per update op, as it is traced."""
+    per update op, as it is traced, and only under a distribution strategy."""
+    from tensorflow.python.distribute import distribute_lib
+
+    if not distribute_lib.has_strategy():
+        return False
     frame = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
