@@ -541,13 +541,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     data_writers = _data_function_writers(recordings)
     changed = _changed_by_the_step(recordings)
     stages = _dataset_stages(recordings)
-    reshuffled = {
-        iterator: list(entry.get("shuffles", []))
-        for r in recordings
-        for op in r.ops.values()
-        for iterator, entry in (op.attrs.get(DATASET_PASSES) or {}).items()
-        if isinstance(entry, dict)
-    }
+    reshuffled = {it: shuffles for it, (_, shuffles) in _dataset_passes(recordings).items()}
     python_functions = _python_functions(recordings)
     updates = _updates_per_graph(recordings)
     restored = {
@@ -1432,6 +1426,18 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
         )
 
 
+def _dataset_passes(recordings: list[Recording]) -> dict[str, tuple[str, list[str]]]:
+    """Per iterator bound in the runs (``DATASET_PASSES``): the identity of the reshuffling
+    dataset it reads and its seeded shuffles, one sentence each."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for r in recordings:
+        for op in r.ops.values():
+            for iterator, entry in (op.attrs.get(DATASET_PASSES) or {}).items():
+                if isinstance(entry, dict):
+                    found[iterator] = (str(entry.get("dataset")), list(entry.get("shuffles", [])))
+    return found
+
+
 def _seeded_passes(findings: list[OpFinding], recordings: list[Recording]) -> None:
     """In runs of one process: an iterator's read that differs where every run made a new
     iterator over one dataset object that reshuffles with a seed on every pass
@@ -1442,12 +1448,7 @@ def _seeded_passes(findings: list[OpFinding], recordings: list[Recording]) -> No
     pass is the same: not this. Only where the dataset holds nothing else that makes elements
     differ (its stages read through, none found): otherwise that stays the cause, and the
     reshuffle is said besides."""
-    bound: dict[str, tuple[str, list[str]]] = {}
-    for r in recordings:
-        for op in r.ops.values():
-            for iterator, entry in (op.attrs.get(DATASET_PASSES) or {}).items():
-                if isinstance(entry, dict):
-                    bound[iterator] = (str(entry.get("dataset")), list(entry.get("shuffles", [])))
+    bound = _dataset_passes(recordings)
     stages = _dataset_stages(recordings)
     for f in findings:
         if f.role != "source" or not f.op.op_type.startswith("IteratorGetNext"):
