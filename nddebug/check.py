@@ -21,8 +21,8 @@ from nddebug.recording import (
     seeded_random,
 )
 from nddebug.report import Report
-from nddebug.tracer.generators import GeneratorStates
 from nddebug.tracer.ops import WRITER, eager_identity
+from nddebug.tracer.unheld import UnheldVariables
 
 #: Ops that take a step's next input from state that goes on between runs, which check()
 #: cannot rewind: a tf.data iterator's next element, a queue's next elements.
@@ -39,20 +39,15 @@ def _updates(op_type: str) -> bool:
     )
 
 
-def _may_update_variables(recording: Recording) -> bool:
-    """Whether a run may have changed a variable: an update op, or code it could not see into
-    that may write one (a call traced before the block or compiled by XLA, a tf.data
-    function). A step that only reads variables (``model.predict``) starts every repeat
-    from the same values; it was told to pass state= all the same."""
-    for op in recording.ops.values():
-        if op.resource and (WRITER.match(op.op_type) or TABLE_WRITERS.match(op.op_type)):
-            return True
-        if op.function in ("uninstrumented", "xla"):
-            return True  # it may write what it captures, unseen
-        unseen = [*op.attrs.get("ops_inside", []), *op.attrs.get(PIPELINE_OPS, [])]
-        if any(WRITER.match(t) for t in unseen):
-            return True
-    return False
+def _writes_unseen(recording: Recording) -> bool:
+    """Whether a run may have written a variable where check() could not read it first: in
+    a tf.data function (the variables a function call writes, seen or not, are read before
+    the call and put back: tracer.unheld; those written eagerly are the unrestored updates).
+    A step that only reads variables (``model.predict``) starts every repeat from the same
+    values: nothing to say."""
+    return any(
+        WRITER.match(t) for op in recording.ops.values() for t in op.attrs.get(PIPELINE_OPS, [])
+    )
 
 
 def held_identities(variables: list[Any]) -> set[str]:
@@ -74,10 +69,11 @@ def unrestored_updates(
 ) -> list[str]:
     """The ops of ``recording`` that update a variable or a mutable lookup table (known by
     its eager handle) that none of ``variables`` is and check() did not restore otherwise
-    (``restored``: the generators it found), one "op at location" per variable: a custom
-    loop's optimizer slots left out of state= make every repeat start from other values, and
-    a deterministic step look NOT reproducible. A draw from a tf.random.Generator updates its
-    state too, and an insert into a MutableHashTable its contents."""
+    (``restored``: the variables its step's function calls write, tracer.unheld), one "op at
+    location" per variable: an eager update of a variable left out of state= makes every
+    repeat start from other values, and a deterministic step look NOT reproducible. A draw
+    from a tf.random.Generator updates its state too, and an insert into a MutableHashTable
+    its contents."""
     kept = held_identities(variables) | set(restored)
     missed: dict[str, str] = {}
     for op in recording.ops.values():
@@ -396,11 +392,15 @@ def check(
     keeper.also(st.keras_global_seed_generator())
     before = keeper.snapshot()
     streams = st.RandomStreams()  # set apart at the start of each run (one_run)
-    # The tf.random.Generators the step draws from that state= does not hold: found as the
-    # runs go, put back with the rest (tracer.generators).
-    generators = GeneratorStates(lambda: held_identities(keeper.variables))
+    # The variables the step writes that state= does not hold (a tf.random.Generator, a
+    # Keras SeedGenerator, metrics built in the first step): found as the runs go, put back
+    # with the rest (tracer.unheld).
+    unheld = UnheldVariables(lambda: held_identities(keeper.variables))
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
     per_run_made: set[int] | None = None  # variables made by runs after the warm-up (one_run)
+    # With seed=: Keras's global SeedGenerator as the warm-up made it. Seeding drops it, and
+    # each run made a new one (another variable): "took a different path" (probe round 38).
+    seeded_keras: dict[str, Any] = {}
 
     def one_run(
         step: Callable[..., Any],
@@ -410,13 +410,16 @@ def check(
     ) -> Recording:
         nonlocal per_run_made
         keeper.restore(before)
-        generators.restore()
+        unheld.restore()
         known = {id(v) for v in keeper.variables}
         # Every run draws its eager op seeds from the start of check()'s own stream: the same
         # seeds in each run, as fresh processes draw the same ones from the global seed.
         streams.set_apart()
         if seed is not None:
             st.set_seeds(seed)
+            # The warm-up's generator, its state put back to its first value with the
+            # variables the step made (keeper.restore above).
+            st.set_keras_seed_attributes(seeded_keras)
         k_here = confirm if rerun_only is not None else k
         # Seeded random ops draw from fresh kernels in every run (tracer.fresh): the
         # runs compare the same draws, and the user's own kernels are left to the last step.
@@ -426,7 +429,7 @@ def check(
                 assert Recorder.active is not None
                 Recorder.active.rerun_only = rerun_only
                 Recorder.active.fresh = copies
-                Recorder.active.generators = generators
+                Recorder.active.unheld = unheld
                 if capture is not None:
                     Recorder.active.capture = capture
                 returned = step(*args, **kwargs)
@@ -451,6 +454,10 @@ def check(
             copies.release()
         if per_run_made is None:
             per_run_made = set()  # the warm-up has run: what later runs make is their own
+            if seed is not None:
+                seeded_keras.update(
+                    (k, v) for k, v in st.keras_seed_attributes().items() if v is not None
+                )
         if capture is not None:
             rec.kind = "capture"
         rec.warnings.extend(w for w in warnings if w not in rec.warnings)
@@ -469,7 +476,7 @@ def check(
 
         first_new_id = tf_ops.uid()
         warm = one_run(step, "warm-up" if mode == "repeat" else "rerun")
-        generators.closed = True  # found from now on: moved on by the warm-up already
+        unheld.closed = True  # found from now on: moved on by the warm-up already
         warmed_up()
         # Repeats that read on from such an iterator see other batches, and say so below.
         moved = (
@@ -497,16 +504,15 @@ def check(
         if written and written not in warnings:
             warnings.append(written)
             warm.warnings.append(written)
-        if mode == "repeat" and state is None and _may_update_variables(warm):
+        missed = unrestored_updates(warm, [*keeper.variables, *keeper.tables], unheld.identities())
+        if mode == "repeat" and state is None and (missed or _writes_unseen(warm)):
             warnings.append(
-                "The step updates variables (or lookup tables) but no state= was given: every "
-                "repeat starts from whatever the previous one left. Pass the model, optimizer, "
-                "variables or tables as state= to restore them."
+                "The step updates variables (or lookup tables) that check() cannot put back "
+                "by itself (written eagerly, a table, or inside a tf.data function), and no "
+                "state= was given: every repeat starts from whatever the previous one left. "
+                "Pass the model, optimizer, variables or tables as state= to restore them."
             )
         elif mode == "repeat" and state is not None:
-            missed = unrestored_updates(
-                warm, [*keeper.variables, *keeper.tables], generators.identities()
-            )
             if missed:
                 more = f" and {len(missed) - 3} more" if len(missed) > 3 else ""
                 warnings.append(
@@ -535,12 +541,16 @@ def check(
             keeper.reordered_said = len(keeper.reordered)
             for rec in runs:
                 rec.warnings.append(warnings[-1])
-        if generators.late:
-            warnings.append(LATE_GENERATORS_NOTE.format(n=len(generators.late)))
+        if unheld.late:
+            warnings.append(LATE_VARIABLES_NOTE.format(n=len(unheld.late)))
             for rec in runs:
                 rec.warnings.append(warnings[-1])
         if traced_unseeded:
             warnings.append(TRACED_UNSEEDED_NOTE.format(ops=", ".join(traced_unseeded[:4])))
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
+        if seed is not None and _seeded_kernels(warm):
+            warnings.append(SEED_RESETS_KERNELS_NOTE)
             for rec in runs:
                 rec.warnings.append(warnings[-1])
         if emulate_gpu and seed is not None:
@@ -659,7 +669,7 @@ def check(
                 report = as_compiled
     except BaseException as exc:
         keeper.restore(before)
-        generators.restore()  # what could not be put back is not worth hiding exc for
+        unheld.restore()  # what could not be put back is not worth hiding exc for
         streams.restore()
         from nddebug import environment
 
@@ -682,17 +692,20 @@ def check(
     keeper.restore(before)
     if len(keeper.reordered) > keeper.reordered_said:  # found in later runs or just now
         py_warnings.warn(_reordered_note(keeper.reordered), stacklevel=2)
-    failed = generators.restore()
+    failed = unheld.restore()
     streams.restore()
     if failed:
         py_warnings.warn(
-            "nddebug.check() could not put back these random generators as they were before "
-            f"it, so the steps after it draw from where its runs left them: {'; '.join(failed)}",
+            "nddebug.check() could not put back these variables that state= does not hold as "
+            "they were before it, so the steps after it go on from where its runs left them: "
+            f"{'; '.join(failed)}",
             stacklevel=2,
         )
     if advance:
-        if seed is not None:
-            st.set_seeds(seed)
+        # With the process's random streams as they were, not seeded to ``seed``: that is
+        # the step the program would have run. Seeded, it left Python's, NumPy's and
+        # TensorFlow's streams reset to ``seed`` for the rest of the training, and every
+        # check with seed= reset the shuffles and augmentations (probe round 37).
         fn(*args, **kwargs)
     return report
 
@@ -716,6 +729,15 @@ SEEDED_EMULATION_NOTE = (
     "emulation's random masks among them, so every run replays the same emulated order and "
     "its divergence cannot show. Seed the program yourself (before building the model) and "
     "check without seed= when emulating."
+)
+#: Said when check(seed=...) ran a step with seeded stateful random ops.
+SEED_RESETS_KERNELS_NOTE = (
+    "check(seed=...) sets tf.random.set_seed before every run, which makes TensorFlow drop "
+    "the kernels of every stateful random op in the process (tf.random.uniform, dropout): "
+    "the seeded random ops of the steps after check() start their streams again instead of "
+    "going on where a plain step would leave them. check() puts the global seed and Python's "
+    "and NumPy's streams back; to keep your training's random streams as they are, seed the "
+    "program yourself and check without seed=."
 )
 #: Said when the function the user runs holds unseeded random ops that check()'s copy of it,
 #: traced under a global seed, holds seeded (see _traced_unseeded).
@@ -753,12 +775,14 @@ def _traced_unseeded(fn: Any, seed: int | None) -> list[str]:
     return sorted(set(found))
 
 
-#: Said when the step drew from tf.random.Generators first after check()'s warm-up.
-LATE_GENERATORS_NOTE = (
-    "The step drew from {n} tf.random.Generator(s) that state= does not hold first after "
-    "check()'s warm-up (a code path the warm-up did not take): the runs before had moved "
-    "them on already, so they were not put back, and the runs drew from where the previous "
-    "ones left them. Pass them in state= to compare those runs from one state."
+#: Said when the step wrote variables (drew from tf.random.Generators) first after
+#: check()'s warm-up.
+LATE_VARIABLES_NOTE = (
+    "The step wrote {n} variable(s) (a tf.random.Generator's state among them, if it drew "
+    "from one) that state= does not hold first after check()'s warm-up (a code path the "
+    "warm-up did not take): the runs before had moved them on already, so they were not put "
+    "back, and the runs started from where the previous ones left them. Pass them (or their "
+    "owner) in state= to compare those runs from one state."
 )
 
 

@@ -146,7 +146,7 @@ class Culprit:
     deterministic_kernel: bool = False
     #: The op advances a tf.random.Generator's state (an int64 variable, its resource input):
     #: what it draws depends on where the generator is, and a step that draws from one
-    #: moves it on (check() puts such generators back: tracer.generators).
+    #: moves it on (check() puts such generators back: tracer.unheld).
     advances_generator: bool = False
 
     @property

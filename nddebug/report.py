@@ -84,8 +84,10 @@ MODES = {
         "re-executed every stateless op on its own input tensors within one step: an op whose "
         "re-executions differ is a source by construction (a non-deterministic kernel). It "
         "cannot see stateful ops (random ops, variable updates, iterators, I/O), races between "
-        "ops, input-pipeline order or per-process effects (autotuning, PYTHONHASHSEED): "
-        "repeated steps (nddebug.check) and fresh processes (nddebug run) see those"
+        "ops, input-pipeline order, values an eager step makes in Python (NumPy's random "
+        "state, the clock: each enters TensorFlow once) or per-process effects (autotuning, "
+        "PYTHONHASHSEED): repeated steps (nddebug.check) and fresh processes (nddebug run) "
+        "see those"
     ),
 }
 
@@ -302,13 +304,15 @@ class Report:
         if self.errors:
             return "NOT checked"
         sources = [f for f in c.findings if f.role == "source"]
-        streams_only = (
-            bool(sources)
-            and all(f.kind in _BY_DESIGN for f in sources)
-            and not any(f.role == "control flow" for f in c.findings)
-        )
+        streams_only = self._by_design_only()
         if (c.findings and not streams_only) or c.paths or self._compiled_differs():
             return "NOT reproducible"
+        ac = self.as_compiled
+        if not c.findings and ac is not None and ac._by_design_only():
+            # With XLA off nothing differed; as compiled, only by design (analysis:
+            # _xla_counter_draws): the compiled program's own verdict says what was not
+            # compared.
+            return ac.verdict
         if self._risks(applies=True) or self._compiled_risky():
             return "NOT shown reproducible: a known non-deterministic op ran"
         if streams_only and all(f.kind == "seeded pass" for f in sources):
@@ -329,7 +333,21 @@ class Report:
     def _compiled_differs(self) -> bool:
         ac = self.as_compiled
         return ac is not None and bool(
-            ac.errors or ac.comparison.findings or ac.comparison.paths or ac._compiled_differs()
+            ac.errors
+            or (ac.comparison.findings and not ac._by_design_only())
+            or ac.comparison.paths
+            or ac._compiled_differs()
+        )
+
+    def _by_design_only(self) -> bool:
+        """Every source is a difference by design (a seeded stream drawn on, a seeded pass):
+        nothing non-deterministic, but what it fed was not compared."""
+        c = self.comparison
+        sources = [f for f in c.findings if f.role == "source"]
+        return (
+            bool(sources)
+            and all(f.kind in _BY_DESIGN for f in sources)
+            and not any(f.role == "control flow" for f in c.findings)
         )
 
     def _compiled_risky(self) -> bool:

@@ -438,11 +438,17 @@ class RandomStreams:
         self.python = random.getstate()
         self.numpy = np.random.get_state()
         ctx = context.context()
+        # The global seed's value: check(seed=S) sets it to S; left so, the random ops made
+        # after check() took their seeds from S instead of the user's (probe round 37).
+        self.global_seed = getattr(ctx, "_seed", None)
         rng = getattr(ctx, "_rng", None)
         self._tf_rng = rng if isinstance(rng, random.Random) else None
         self.tf_seeds = self._tf_rng.getstate() if self._tf_rng is not None else None
         gen = stateful_random_ops.global_generator
         self.tf_generator = (gen, gen.state.numpy()) if gen is not None else None
+        # keras.utils.set_random_seed (check(seed=...)) drops Keras's global SeedGenerator:
+        # the keras.random calls after check() drew from a new one (probe round 38).
+        self.keras = keras_seed_attributes()
 
     def set_apart(self) -> None:
         """Until :meth:`restore`, eager random ops with no seed of their own draw their op
@@ -475,12 +481,18 @@ class RandomStreams:
 
         random.setstate(self.python)
         np.random.set_state(self.numpy)
+        ctx = context.context()
+        if hasattr(ctx, "_seed"):
+            ctx._seed = self.global_seed  # not tf.random.set_seed: it resets every kernel
         if self._tf_rng is not None:
-            context.context()._rng = self._tf_rng
+            ctx._rng = self._tf_rng
             self._tf_rng.setstate(self.tf_seeds)
+        elif hasattr(ctx, "_rng"):
+            ctx._rng = None  # no global seed before check(): none after it
         if self.tf_generator is not None:
             gen, state = self.tf_generator
             gen.state.assign(state)
+        set_keras_seed_attributes(self.keras)
 
 
 class _LoggedSeeds(random.Random):
@@ -495,6 +507,38 @@ class _LoggedSeeds(random.Random):
         value = super().randint(a, b)
         self._streams.given.add(value)
         return value
+
+
+_KERAS_ATTRIBUTES = ("global_seed_generator", "global_random_seed")
+
+
+def _keras_global_state() -> Any:
+    """Keras's global_state module, where Keras is loaded (None otherwise)."""
+    import sys
+
+    if "keras" not in sys.modules:
+        return None
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # another Keras
+        return None
+    return global_state
+
+
+def keras_seed_attributes() -> dict[str, Any]:
+    """What keras.utils.set_random_seed replaces: Keras's global SeedGenerator (the object)
+    and the seed it remembers. check(seed=...) seeds every run through it."""
+    gs = _keras_global_state()
+    if gs is None:
+        return {}
+    return {name: gs.get_global_attribute(name) for name in _KERAS_ATTRIBUTES}
+
+
+def set_keras_seed_attributes(values: dict[str, Any]) -> None:
+    gs = _keras_global_state()
+    if gs is not None:
+        for name, value in values.items():
+            gs.set_global_attribute(name, value)
 
 
 def keras_global_seed_generator() -> Any:

@@ -591,3 +591,23 @@ def test_check_with_seed_says_the_emulated_order_was_not_compared() -> None:
     report = nddebug.check(step, state=emb, repeats=3, emulate_gpu=True, seed=3)
     assert not report.ok
     assert any("emulated GPU accumulation order" in x for x in report.not_compared), report
+
+
+def test_an_emulated_op_that_pfor_vectorized_is_named_not_its_mask() -> None:
+    """tape.jacobian (pfor) through a while loop under emulate_gpu(): pfor vectorizes the
+    emulation's ops too, without op callbacks, and the emulation's random mask was named the
+    source, as the user's unseeded RandomUniform with the advice to seed it (probe round 38).
+    It is recorded as the op it emulates."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
+    x = tf.constant(np.random.RandomState(0).randn(3, 4).astype(np.float32))
+
+    @tf.function
+    def jacobian():
+        with tf.GradientTape() as tape:
+            h = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(h @ w)), (0, x))[1]
+        return tape.jacobian(h, w)
+
+    report = nddebug.check(jacobian, state=w, repeats=3, emulate_gpu=True)
+    sources = report.sources
+    assert len(sources) >= 1 and "RandomUniform" not in set(sources["op_type"]), str(report)
+    assert set(sources["kind"]) != {"random"}, str(report)

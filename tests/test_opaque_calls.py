@@ -294,3 +294,57 @@ def test_a_pretraced_function_called_from_two_lines_is_named_once() -> None:
         f(x + 1.0)
     said = [w for w in rec.warnings if "ran uninstrumented" in w]
     assert len(said) == 1, rec.warnings
+
+
+def test_a_pretraced_call_inside_a_function_is_unseen_only_where_it_writes() -> None:
+    """A function traced before the check, called inside the checked one: what it writes is
+    not compared, and the verdict says so. One that only reads its variables (Keras's grouped
+    Conv2D calls an XLA function with its kernel) hides nothing: its output is compared where
+    it is read. Every such call was "not everything compared" (probe round 37, finding 3)."""
+    w = tf.Variable(tf.ones([4, 4]))
+    v = tf.Variable(tf.zeros([4]))
+
+    @tf.function
+    def writes(h):
+        v.assign_add(tf.reduce_sum(h, 0))
+        return tf.reduce_sum(h)
+
+    @tf.function
+    def reads(h):
+        return tf.reduce_sum(h * v)
+
+    x = tf.ones([2, 4])
+    writes(x @ w)  # traced before
+    reads(x @ w)
+    report = nddebug.check(tf.function(lambda x: writes(x @ w)), x, state=[w, v], repeats=2)
+    assert report.verdict == "no difference seen, but not everything compared", str(report)
+    assert any("writes" in m and "not compared" in m for m in report.warnings), report.warnings
+    report = nddebug.check(tf.function(lambda x: reads(x @ w)), x, state=[w, v], repeats=2)
+    assert report.ok and not report.blind_spots, str(report)
+
+
+def test_a_grouped_convolution_model_is_checked_whole() -> None:
+    """Conv2D(groups=4) in Keras 3 runs tf.nn.convolution in a jit_compile tf.function that
+    reads the kernel: check() calls the step reproducible, and training goes on as plain."""
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((8, 8, 4)),
+                keras.layers.Conv2D(8, 3, groups=4, activation="relu"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(3),
+            ]
+        )
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return model
+
+    rs = np.random.RandomState(0)
+    x, y = rs.randn(4, 8, 8, 4).astype("float32"), rs.randint(0, 3, (4,))
+    plain, checked = build(), build()
+    report = nddebug.check(checked.train_on_batch, x, y, state=checked, repeats=2)
+    assert report.ok, str(report)
+    for model in (plain, plain, checked):
+        model.train_on_batch(x, y)
+    assert variables_bytes(plain.weights) == variables_bytes(checked.weights)

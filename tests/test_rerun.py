@@ -367,3 +367,22 @@ def test_rerun_mode_does_not_call_a_step_reproducible_whose_ops_ran_in_a_pretrac
     assert not report.ok, str(report)
     assert report.verdict == "no difference seen, but not everything compared"
     assert any("traced before the rerun block" in n for n in report.not_compared), str(report)
+
+
+def test_rerun_mode_checks_a_jacobian_through_a_while_loop() -> None:
+    """tape.jacobian (pfor) of a while loop: pfor converts the loop's body, which held rerun
+    mode's host callback, and check(mode="rerun") raised "Encountered an exception while
+    vectorizing the jacobian computation" out of the step (probe round 38)."""
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
+    x = tf.constant(np.random.RandomState(0).randn(3, 4).astype(np.float32))
+
+    @tf.function
+    def jacobian():
+        with tf.GradientTape() as tape:
+            h = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(h @ w)), (0, x))[1]
+        return tape.jacobian(h, w)
+
+    plain = jacobian().numpy()
+    report = nddebug.check(tf.function(jacobian.python_function), state=w, mode="rerun")
+    assert report.verdict == "reproducible", str(report)
+    assert np.array_equal(jacobian().numpy(), plain)

@@ -272,8 +272,8 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
     """Record one eager op execution (and, for a function call, the graph events it ran)."""
     if op_type in ops.SKIP_OPS:
         return
-    if rec.generators is not None:  # check()'s run: a generator drawn from eagerly
-        rec.generators.after_eager(op_type, inputs, outputs)
+    if rec.unheld is not None:  # check()'s run: a variable written eagerly
+        rec.unheld.after_eager(op_type, inputs, outputs)
     if rec.unopened:
         _read_unopened(rec, op_type, inputs, outputs)
     location, site = eager_location(rec.lib_dirs)

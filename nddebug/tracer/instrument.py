@@ -876,7 +876,25 @@ def hook_pfor() -> None:
     for op_type in ("NddebugDigestRecord", "NddebugDigest", "NddebugRecord"):
         if op_type not in pfor_module._pfor_converter_registry:
             pfor_module.RegisterPFor(op_type)(_unrecorded_in_pfor)
+    # Rerun mode hands an op's re-executions to the host in a callback of nddebug's: in a
+    # loop body that pfor converts (tape.jacobian through a while loop) it fell back to a
+    # while loop and failed ("Attempting to slice scalar input"), and check(mode="rerun")
+    # raised out of the user's step (probe round 38). TensorFlow has no converter for host
+    # callbacks: a user's is left to pfor's own fallback, as before.
+    for op_type in unneeded.CALLBACKS:
+        if op_type not in pfor_module._pfor_converter_registry:
+            pfor_module.RegisterPFor(op_type)(_callback_in_pfor)
     _pfor_hooked = True
+
+
+def _callback_in_pfor(pfor_input: Any) -> Any:
+    """pfor's version of a host callback: none for nddebug's (as :func:`_unrecorded_in_pfor`);
+    a user's goes to pfor's fallback, as when no converter was registered."""
+    from tensorflow.python.ops.parallel_for import pfor as pfor_module
+
+    if unneeded.callback_is_nddebugs(pfor_input.op.get_attr("token")):
+        return _unrecorded_in_pfor(pfor_input)
+    raise pfor_module.ConversionNotImplementedError("a host callback has no pfor converter")
 
 
 def _unrecorded_in_pfor(pfor_input: Any) -> Any:
@@ -1535,8 +1553,29 @@ def _catch_up(rec: Any, graph: Any, inputs: Any) -> None:
         stack.extend((t.op, False) for t in op.inputs)
     for op in order:
         instrument_op(
-            rec, op.type, list(op.inputs), dict(op.node_def.attr), list(op.outputs), op.name, graph
+            rec,
+            _emulated_type(graph, op),
+            list(op.inputs),
+            dict(op.node_def.attr),
+            list(op.outputs),
+            op.name,
+            graph,
         )
+
+
+def _emulated_type(graph: Any, op: Any) -> str:
+    """The op type to record ``op`` as: that of the op emulate_gpu() emulated where pfor
+    vectorized the emulation's ops (".../UnsortedSegmentSum/emulate_gpu/mask/pfor/
+    RandomUniform"), which had no op callbacks. The emulation's random mask was blamed as the
+    user's unseeded random op, with the advice to seed it (probe round 38); it is the emulated
+    kernel's reordering, named and advised as that kernel."""
+    name = op.name
+    if unneeded.EMULATION_SCOPE not in name:
+        return op.type
+    try:
+        return graph.get_operation_by_name(name.split(unneeded.EMULATION_SCOPE)[0]).type
+    except (KeyError, ValueError):
+        return op.type
 
 
 def instrument_op(
@@ -1780,7 +1819,11 @@ def instrument_op(
     if info.function == "uninstrumented":
         # A call to an XLA function (traced in the block or not) is said once for all by the
         # recording's XLA warning; a call TensorFlow added without op callbacks is caught up.
-        writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs)
+        # Only a call tree that writes a variable hides something: what one that reads its
+        # variables returns is compared where it is read (probe round 37, finding 3).
+        writes = any(getattr(t, "dtype", None) == tf.resource for t in inputs) and bool(
+            opaque.written_args(callee)
+        )
         say(
             rec,
             graph,

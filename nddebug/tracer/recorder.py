@@ -26,11 +26,11 @@ from nddebug.tracer import (
     transport,
 )
 from nddebug.tracer.fairlock import FairRLock
-from nddebug.tracer.generators import GeneratorStates
 from nddebug.tracer.location import hook_autograph, library_dirs
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug, set_gate
 from nddebug.tracer.steps import StepFolder
 from nddebug.tracer.threads import ThreadWatch
+from nddebug.tracer.unheld import UnheldVariables
 
 
 def _handed_on(outputs: Any) -> Any:
@@ -86,9 +86,9 @@ class Recorder:
         # check()'s runs: this thread's eager calls of functions holding seeded random ops go
         # to fresh copies of them (see tracer.fresh); None: to the functions called.
         self.fresh: fresh.FreshCopies | None = None
-        # check()'s run: the generators the step draws from, found as it runs (and put back
-        # by check() before each run).
-        self.generators: GeneratorStates | None = None
+        # check()'s run: the variables the step writes that check() does not restore
+        # otherwise, found as it runs (and put back by check() before each run).
+        self.unheld: UnheldVariables | None = None
         # Opaque calls' variables are read before each call by this hook.
         self.pre_call = opaque.PreCallHook(self)
         # TF1 graphs: each Session.run instruments and records the ops it executes.

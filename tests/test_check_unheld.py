@@ -1,0 +1,96 @@
+"""check() puts back every variable its step's function calls write, held by state= or not.
+
+A variable the step writes that state= did not hold was moved on by every run of check(): the
+runs started from other values (a false "NOT reproducible") and the training after the check
+went on from further along than without it. Probe round 37 found it for a Keras SeedGenerator
+made outside the model, round 38 for a Keras model's compiled metrics, which do not exist until
+its first step, so that no state= can name them. Ground truth here is the same program run
+plainly in the same process, from twins built alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import nddebug
+from nddebug.keras import DeterminismCheck
+
+
+def _dropout_twin() -> tuple[Any, tf.Variable, Any]:
+    keras.utils.set_random_seed(1)
+    seeds = keras.random.SeedGenerator(42)
+    w = tf.Variable(tf.ones([64]))
+
+    @tf.function
+    def step() -> Any:
+        w.assign(w * 0.9 + keras.random.dropout(tf.ones([64]), 0.5, seed=seeds))
+        return tf.reduce_sum(w)
+
+    return step, w, seeds
+
+
+def test_a_seed_generator_made_outside_the_model_is_put_back() -> None:
+    """keras.random.dropout(h, seed=sg) with a seeded SeedGenerator the step captures: fresh
+    processes agree, so the step is reproducible; it was "NOT reproducible" with the advice to
+    seed it, and the generator ended 7 draws on (round 37, finding 1)."""
+    plain_step, plain_w, plain_seeds = _dropout_twin()
+    step, w, seeds = _dropout_twin()
+    for _ in range(2):
+        plain_step()
+    step()
+    report = nddebug.check(step, state=w, repeats=3)
+    assert report.ok, report
+    assert not any("does not hold" in m for m in report.warnings), report.warnings
+    for _ in range(3):
+        plain_step()
+        step()
+    assert np.array_equal(seeds.state.numpy(), plain_seeds.state.numpy())
+    assert np.array_equal(w.numpy(), plain_w.numpy())
+
+
+def test_a_seed_generators_real_difference_is_still_found() -> None:
+    """Put back, it cannot hide a draw that differs from one state: an unseeded op beside it."""
+    step, w, _ = _dropout_twin()
+    tf.random.set_seed(None)
+
+    @tf.function
+    def noisy() -> Any:
+        step()
+        w.assign_add(tf.random.uniform([64]))
+
+    report = nddebug.check(noisy, state=w, repeats=3)
+    assert "RandomUniform" in set(report.sources["op_type"]), str(report)
+
+
+def _metric_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", metrics=[keras.metrics.AUC()])
+    return model
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.RandomState(1).randn(96, 8).astype(np.float32)
+    y = (np.random.RandomState(2).rand(96) > 0.5).astype(np.float32)
+    return x, y
+
+
+def test_compiled_metrics_built_in_the_first_step_are_put_back() -> None:
+    """A DeterminismCheck on fit's first step: the AUC's totals are made in that step, so the
+    model's state= did not hold them. Every run added its batch to them, and fit's History
+    said another AUC (0.338 for 0.396), with the warning to pass to state= what the user cannot
+    name (round 38, finding 2)."""
+    x, y = _data()
+    plain = _metric_model()
+    h_plain = plain.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    checked = _metric_model()
+    cb = DeterminismCheck(every_n_steps=100)
+    h = checked.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    assert [r.summary["verdict"] for r in cb.reports] == ["reproducible"], cb.reports
+    assert list(h.history.values()) == list(h_plain.history.values())  # auc_1 vs auc
+    for a, b in zip(plain.weights, checked.weights, strict=True):
+        assert np.array_equal(a.numpy(), b.numpy())
