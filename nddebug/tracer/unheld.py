@@ -57,9 +57,13 @@ class UnheldVariables:
 
     def before_call(self, name: str, tensor_inputs: Any) -> None:
         """A function is about to run: keep the variables it can write, as they are."""
-        for i, dtype in written_args(name).items():
+        written = written_args(name)
+        if not written:
+            return
+        held = self.held()  # once per call: a model's hundreds of variables, each written
+        for i, dtype in written.items():
             if i < len(tensor_inputs):
-                self._keep(tensor_inputs[i], dtype, None)
+                self._keep(tensor_inputs[i], dtype, None, held)
 
     def after_eager(self, op_type: str, inputs: Any, outputs: Any) -> None:
         """An eager op ran: an ``RngReadAndSkip`` returns the state it found (padded to 3);
@@ -75,17 +79,17 @@ class UnheldVariables:
         if handle is None:
             return
         if op_type == "RngReadAndSkip" and outputs:
-            self._keep(handle, _INT64, outputs[0])
+            self._keep(handle, _INT64, outputs[0], None)
         else:
             identity = ops.eager_identity(handle)
             if identity not in self.states:
                 self.unread.add(identity)
 
-    def _keep(self, handle: Any, dtype: int, found: Any) -> None:
+    def _keep(self, handle: Any, dtype: int, found: Any, held: set[str] | None) -> None:
         identity = ops.eager_identity(handle)
         if identity in self.states or identity in self.late or identity in self.unread:
             return
-        if identity in self.held():
+        if identity in (self.held() if held is None else held):
             return
         if self.closed:
             self.late.add(identity)
