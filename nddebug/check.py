@@ -382,6 +382,10 @@ def check(
         raise ValueError(f"repeats must be at least 2 to compare runs, got {repeats}")
     if mode == "rerun" and rerun < 1:
         raise ValueError(f"rerun must be at least 1 extra execution per op, got {rerun}")
+    if path is not None:
+        from nddebug import storage
+
+        storage.check_appendable(path)  # a bad path fails before the step runs
     k = rerun if mode == "rerun" else 0
     warnings: list[str] = []
     models = st.keras_models(state)

@@ -197,3 +197,21 @@ def test_a_run_cut_short_is_compared_as_far_as_it_ran(cut_first: bool) -> None:
     differs = nddebug.compare([run(6), run(3, noise=0.25)])
     assert differs.verdict == "NOT reproducible", str(differs)
     assert differs.first_divergence.step == 2, differs.first_divergence
+
+
+def test_a_bad_recording_path_fails_before_the_block_runs(tmp_path) -> None:
+    """trace(path=...) with a folder, a missing folder or a file that is no recording raised
+    only when the block ended: a long training run lost its recording at the very end
+    (probe round 37). check(path=...) too: it failed after its warm-up."""
+    from nddebug.errors import RecordingFileError
+
+    v = tf.Variable(1.0)
+    other = tmp_path / "notes.txt"
+    other.write_text("not a recording\n" * 4)
+    for path in (tmp_path, tmp_path / "missing" / "x.nddebug", other):
+        with pytest.raises(RecordingFileError), nddebug.trace(path=str(path)):
+            v.assign_add(1.0)
+        with pytest.raises(RecordingFileError):
+            nddebug.check(lambda: v.assign_add(1.0), state=v, path=str(path))
+    assert float(v.numpy()) == 1.0  # nothing ran
+    assert other.read_text() == "not a recording\n" * 4

@@ -69,6 +69,12 @@ def trace(
         path = os.environ[RECORD_ENV]
         label = label or os.environ.get(LABEL_ENV, "")
         _note_entered(path)
+    if path is not None:
+        # A folder, a missing folder or a file that is no recording fails here, before the
+        # block runs, not when it ends and the training it recorded is over (probe round 37).
+        from nddebug import storage
+
+        storage.check_appendable(path)
     rec = Recording(label=label, digest_algorithm=dg.ALGORITHM, kind="rerun" if rerun else "run")
     rec.environment = environment.capture()
     recorder = Recorder(rec, rerun=rerun, detail=detail)
