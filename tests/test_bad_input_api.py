@@ -28,18 +28,25 @@ def _runs(n: int = 2) -> list[nddebug.Recording]:
 
 
 def test_a_failed_save_never_replaces_the_blocks_own_exception(tmp_path: Any) -> None:
-    path = os.path.join(tmp_path, "no", "such", "folder", "run.nddebug")
+    # The folder is there when the block starts (a missing one fails at once) and gone when
+    # it ends.
+    folder = os.path.join(tmp_path, "gone")
+    path = os.path.join(folder, "run.nddebug")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(ZeroDivisionError):
+            os.makedirs(folder)
             with nddebug.trace(path=path):
                 tf.constant(1.0) + 1.0
+                os.rmdir(folder)
                 raise ZeroDivisionError("the user's own")
     assert any("could not be saved" in str(w.message) for w in caught)
     # Without an exception in the block, the save error is the error.
     with pytest.raises(nddebug.RecordingFileError):
+        os.makedirs(folder)
         with nddebug.trace(path=path):
             tf.constant(1.0) + 1.0
+            os.rmdir(folder)
 
 
 def test_an_interrupted_run_is_not_compared_as_complete() -> None:
