@@ -386,3 +386,27 @@ def test_rerun_mode_checks_a_jacobian_through_a_while_loop() -> None:
     report = nddebug.check(tf.function(jacobian.python_function), state=w, mode="rerun")
     assert report.verdict == "reproducible", str(report)
     assert np.array_equal(jacobian().numpy(), plain)
+
+
+def test_a_sum_of_three_terms_and_its_copy_each_read_terms_of_their_own() -> None:
+    """AddN takes over the buffer of the first term nothing else holds and adds the others
+    to it. The original and its rerun copy shared their terms, so the one that ran last found
+    some free and summed in another order: a gradient's AddN was named a non-deterministic
+    kernel in 2 of 6 processes that all computed the same bits (probe round 37). Each now
+    reads every term through a Snapshot of its own, and the step stays reproducible."""
+    terms = [tf.constant(np.random.RandomState(i).randn(256).astype(np.float32)) for i in range(4)]
+
+    @tf.function
+    def step():
+        return tf.add_n([t * 1.5 for t in terms])
+
+    with nddebug.trace(rerun=1) as rec:
+        step()
+    graph = step.get_concrete_function().graph
+    sums = [op for op in graph.get_operations() if op.type == "AddN"]
+    assert len(sums) == 2, [op.name for op in sums]  # the original and its copy
+    feeds = [{t.op.name for t in op.inputs} for op in sums]
+    for op in sums:
+        assert {t.op.type for t in op.inputs} == {"Snapshot"}, op.name
+    assert not feeds[0] & feeds[1]
+    assert nddebug.compare([rec]).verdict == "reproducible"

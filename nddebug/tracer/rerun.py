@@ -66,6 +66,7 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
     them but their digests, so the graph computes what it computed before. Each copy waits
     for the previous one (control edge) and differs from it by an attribute, so grappler's
     common-subexpression elimination cannot merge them back into one."""
+    import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2
 
     cache = REGISTRY.graph_cache(graph)
@@ -75,13 +76,18 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
     attrs = {k_: op.node_def.attr[k_] for k_ in op.node_def.attr}
     dups = []
     prev = op
+    private = _sums_in_place(op.type, inputs)
     for j in range(1, k + 1):
         attrs["_nddebug_rerun"] = attr_value_pb2.AttrValue(i=j)
         with graph.control_dependencies([prev]), graph.name_scope("nddebug"):
+            own = list(inputs)
+            if private:  # terms of its own, as the original's (see unfuse)
+                with graph.as_default():
+                    own = [tf.raw_ops.Snapshot(input=t) for t in own]
             # Graph.create_op, the public spelling, is deprecated and warns on every call.
             dup = graph._create_op_internal(
                 op.type,
-                list(inputs),
+                own,
                 [t.dtype for t in op.outputs],
                 attrs=dict(attrs),
                 name=f"rerun{j}_{op.name.rsplit('/', 1)[-1]}",
@@ -102,13 +108,36 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
 _MERGED_ON_INPUT = {"Conv2DBackpropFilter": 2}
 
 
+#: Sums whose kernel takes over the buffer of the first term nothing else holds and adds the
+#: others to it: the order it sums in depends on which terms are free when it runs.
+_SUMS_IN_PLACE = frozenset({"AddN", "AccumulateNV2"})
+
+
+def _sums_in_place(op_type: str, inputs: Any) -> bool:
+    """Whether ``op_type`` sums three or more terms in place (two add alike either way)."""
+    return op_type in _SUMS_IN_PLACE and len(inputs) >= 3
+
+
 def unfuse(graph: Any, op: Any, op_type: str, inputs: Any) -> list[Any]:
     """Keep an op and its copies from being merged with a sibling reading the same tensor
     (see _MERGED_ON_INPUT): the op reads that tensor through a Snapshot of its own, so the
-    original and every copy of both ops run the same, unmerged kernels."""
+    original and every copy of both ops run the same, unmerged kernels.
+
+    A sum of three or more terms (_SUMS_IN_PLACE) reads every term through a Snapshot of its
+    own, and so does each copy (:func:`duplicates`): the original and its copies shared the
+    terms, the one that ran last found some of them free and summed in another order, and a
+    gradient's AddN was named a non-deterministic kernel in 2 of 6 processes whose every
+    step computed the same bits (probe round 37)."""
     import tensorflow as tf
 
     inputs = list(inputs)
+    if _sums_in_place(op_type, inputs):
+        with graph.as_default(), tf.name_scope("nddebug"):
+            for i, t in enumerate(inputs):
+                private = tf.raw_ops.Snapshot(input=t)
+                op._update_input(i, private)
+                inputs[i] = private
+        return inputs
     slot = _MERGED_ON_INPUT.get(op_type)
     if slot is None or slot >= len(inputs):
         return inputs
