@@ -40,7 +40,9 @@ from nddebug.tracer import ops, unneeded
 #: digits and _), then a number.
 MARK = "_nddebug_fresh"
 
-_lock = threading.Lock()
+# Reentrant: forget() runs from TensorFlow's function removal, which a garbage collection
+# can start on a thread that holds it (see plain._lock).
+_lock = threading.RLock()
 _numbers = itertools.count()
 _mask_seeds = random.SystemRandom()
 # copy name -> original name, for every copy alive: the eager op callback gets the copy's

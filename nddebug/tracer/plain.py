@@ -79,7 +79,11 @@ _NO_KERNEL_STATE = frozenset(
     }
 )
 
-_lock = threading.Lock()
+# Reentrant: a garbage collection while it is held (making a twin allocates) can free a
+# function, and TensorFlow's removal of it runs the removal hook below on the same thread,
+# which takes it again: with a plain Lock the process hung for good (a Keras train_on_batch
+# in the suite, seen once in this session's CI).
+_lock = threading.RLock()
 # Instrumented function name -> its twin's name, or None where it has none.
 _twins: dict[str, str | None] = {}
 
