@@ -508,7 +508,11 @@ def check(
         if written and written not in warnings:
             warnings.append(written)
             warm.warnings.append(written)
-        missed = unrestored_updates(warm, [*keeper.variables, *keeper.tables], unheld.identities())
+        missed = (
+            unrestored_updates(warm, [*keeper.variables, *keeper.tables], unheld.identities())
+            if mode == "repeat"
+            else []  # rerun mode's one traced step has no repeats to start from it
+        )
         if mode == "repeat" and state is None and (missed or _writes_unseen(warm)):
             warnings.append(
                 "The step updates variables (or lookup tables) that check() cannot put back "

@@ -61,6 +61,24 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 600)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def jacobian_through_a_loop() -> tuple[Any, Any]:
+    """A tf.function returning tape.jacobian (pfor) of a two-step while loop, and its
+    weight: pfor converts the loop's body with whatever nddebug added to it."""
+    import numpy as np
+    import tensorflow as tf
+
+    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
+    x = tf.constant(np.random.RandomState(0).randn(3, 4).astype(np.float32))
+
+    @tf.function
+    def jacobian() -> Any:
+        with tf.GradientTape() as tape:
+            h = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(h @ w)), (0, x))[1]
+        return tape.jacobian(h, w)
+
+    return jacobian, w
+
+
 def variables_bytes(variables: list) -> list[bytes]:
     return [v.numpy().tobytes() for v in variables]
 

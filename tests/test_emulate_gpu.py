@@ -20,7 +20,7 @@ import tensorflow as tf
 import nddebug
 from nddebug import emulate, knowledge
 from nddebug.examples import mnist_cnn
-from tests.helpers import run_python
+from tests.helpers import jacobian_through_a_loop, run_python
 
 RUNS = 5
 _rng = np.random.default_rng(0)
@@ -598,14 +598,7 @@ def test_an_emulated_op_that_pfor_vectorized_is_named_not_its_mask() -> None:
     emulation's ops too, without op callbacks, and the emulation's random mask was named the
     source, as the user's unseeded RandomUniform with the advice to seed it (probe round 38).
     It is recorded as the op it emulates."""
-    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
-    x = tf.constant(np.random.RandomState(0).randn(3, 4).astype(np.float32))
-
-    @tf.function
-    def jacobian():
-        with tf.GradientTape() as tape:
-            h = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(h @ w)), (0, x))[1]
-        return tape.jacobian(h, w)
+    jacobian, w = jacobian_through_a_loop()
 
     report = nddebug.check(jacobian, state=w, repeats=3, emulate_gpu=True)
     sources = report.sources

@@ -19,7 +19,7 @@ from nddebug import storage
 from nddebug.examples import mnist_cnn
 from nddebug.examples.detection import make_step
 from nddebug.state import collect_variables
-from tests.helpers import variables_bytes
+from tests.helpers import jacobian_through_a_loop, variables_bytes
 
 pytestmark = pytest.mark.usefixtures("cpu_facts")  # the CPU's crop race; the CNN reproducible
 
@@ -373,14 +373,7 @@ def test_rerun_mode_checks_a_jacobian_through_a_while_loop() -> None:
     """tape.jacobian (pfor) of a while loop: pfor converts the loop's body, which held rerun
     mode's host callback, and check(mode="rerun") raised "Encountered an exception while
     vectorizing the jacobian computation" out of the step (probe round 38)."""
-    w = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
-    x = tf.constant(np.random.RandomState(0).randn(3, 4).astype(np.float32))
-
-    @tf.function
-    def jacobian():
-        with tf.GradientTape() as tape:
-            h = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(h @ w)), (0, x))[1]
-        return tape.jacobian(h, w)
+    jacobian, w = jacobian_through_a_loop()
 
     plain = jacobian().numpy()
     report = nddebug.check(tf.function(jacobian.python_function), state=w, mode="rerun")

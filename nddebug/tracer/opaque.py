@@ -255,7 +255,7 @@ def xla_called(graph: Any) -> set[str]:
     return names
 
 
-_INT64 = 9  # types_pb2.DT_INT64
+INT64 = 9  # types_pb2.DT_INT64: a generator's state
 _RESOURCE = 20  # types_pb2.DT_RESOURCE
 #: Ops that pass their inputs on to the functions they call, from this input on (a branch's
 #: first input is its condition); other calls (PartitionedCall, While, a function called by
@@ -269,7 +269,7 @@ def _written_inputs(node: Any) -> dict[int, int]:
     variable's dtype: a generator op moves its int64 state on; an update writes its resource
     inputs (an optimizer's apply: the variable and its slots), of its ``dtype`` or ``T``."""
     if knowledge.advances_generator(node.op):
-        return {0: _INT64}
+        return {0: INT64}
     if not WRITER.match(node.op):
         return {}
     op_def = ops.op_def(node.op)

@@ -34,10 +34,8 @@ from nddebug import knowledge
 from nddebug.recording import WRITER
 from nddebug.state import fresh_copy
 from nddebug.tracer import ops
-from nddebug.tracer.opaque import written_args
+from nddebug.tracer.opaque import INT64, written_args
 from nddebug.tracer.registry import inside_nddebug
-
-_INT64 = 9  # types_pb2.DT_INT64
 
 
 class UnheldVariables:
@@ -79,7 +77,7 @@ class UnheldVariables:
         if handle is None:
             return
         if op_type == "RngReadAndSkip" and outputs:
-            self._keep(handle, _INT64, outputs[0], None)
+            self._keep(handle, INT64, outputs[0], None)
         else:
             identity = ops.eager_identity(handle)
             if identity not in self.states:
