@@ -98,6 +98,45 @@ def _scan_map_fn() -> Workload:
     return step, (tf.ones([5, 8]),), [v]
 
 
+def _second_order_through(loop: str) -> Callable[[], Workload]:
+    """A gradient of a gradient through a loop (a gradient penalty, a Hessian-vector
+    product). The first gradient's loop adds each iteration's terms to the carried gradient
+    one sum at a time; grappler merges those sums into one AddN where none of them has a
+    control input, so nddebug's records must order them otherwise (1 to 8 ULPs in 11 to 13
+    of 64 elements, probe round 38)."""
+
+    def make() -> Workload:
+        rng = np.random.RandomState(0)
+        w = tf.Variable(rng.randn(8, 8).astype("float32") * 0.3)
+
+        def forward(x):
+            if loop == "while":
+                return tf.while_loop(
+                    lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h @ w)), (0, x)
+                )[1]
+            if loop == "range":
+                h = x
+                for _ in tf.range(3):
+                    h = tf.nn.softplus(h @ w)
+                return h
+            return tf.scan(
+                lambda a, e: tf.tanh(a @ w) + e, tf.stack([x, x * 0.5, x * 0.2]), initializer=x
+            )
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as outer:
+                with tf.GradientTape() as inner:
+                    loss = tf.reduce_sum(forward(x) ** 2)
+                penalty = tf.reduce_sum(inner.gradient(loss, w) ** 2)
+            w.assign_sub(1e-3 * outer.gradient(penalty, w))
+            return penalty
+
+        return step, (tf.constant(rng.randn(16, 8).astype("float32")),), [w]
+
+    return make
+
+
 def _recompute_and_custom_gradient() -> Workload:
     v = tf.Variable(tf.linspace(-1.0, 1.0, 8))
 
@@ -641,6 +680,7 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "addn_unknown_shape": _addn_unknown_shape,
     "bias_add_update": _bias_add_update,
     "while_loop_gradient": _while_loop_gradient,
+    **{f"second_order_through_{k}": _second_order_through(k) for k in ("while", "range", "scan")},
     "scan_map_fn": _scan_map_fn,
     "recompute_and_custom_gradient": _recompute_and_custom_gradient,
     "embedding_bilstm": _keras_rnn(_bilstm),
@@ -737,33 +777,58 @@ def _chain_step(terms: Callable[[Any], Any]) -> tuple[Callable[[], Any], tf.Vari
 
 
 @pytest.mark.parametrize(
-    ("name", "terms", "warned"),
+    ("name", "terms"),
     [
-        ("h + h * 0.5 + tanh(h)", lambda h: h + h * 0.5 + tf.tanh(h), True),
-        ("h * 0.5 + tanh(h) + sin(h)", lambda h: h * 0.5 + tf.tanh(h) + tf.sin(h), True),
-        ("h + tanh(h) + sin(h)", lambda h: h + tf.tanh(h) + tf.sin(h), False),
+        ("h + h * 0.5 + tanh(h)", lambda h: h + h * 0.5 + tf.tanh(h)),
+        ("h * 0.5 + tanh(h) + sin(h)", lambda h: h * 0.5 + tf.tanh(h) + tf.sin(h)),
+        ("h + tanh(h) + sin(h)", lambda h: h + tf.tanh(h) + tf.sin(h)),
     ],
 )
-def test_a_merged_sum_that_may_sum_in_another_order_is_said(name, terms, warned) -> None:
-    """Grappler merges a chain of adds into one AddN only where no add has a control edge,
-    so nddebug cannot order its records of the terms before it. AddN adds the others to the
-    first term nothing else holds (order matters from three terms): with a record still
-    reading the first, it took over the scaled term, and the traced gradient of
-    ``h + h * 0.5 + tanh(h)`` was a few ULPs off the plain one. Where the term taken over can
-    differ, the recording says so; where it cannot, the traced step is the plain one."""
+def test_a_merged_sum_adds_its_terms_in_the_plain_order(name, terms) -> None:
+    """Grappler merges a chain of adds into one AddN only where no add has a control edge.
+    AddN adds the others to the first term nothing else holds (order matters from three
+    terms): with a record still reading the first, it took over the scaled term, and the
+    traced gradient of ``h + h * 0.5 + tanh(h)`` was a few ULPs off the plain one in 15 runs
+    of 15. The adds read their terms through Identities that wait for the records, which
+    grappler removes after the merge, handing their waits to the merged AddN."""
     with on_cpu():
         step, w = _chain_step(terms)
         step()
         plain = w.numpy().tobytes()
-        step, w = _chain_step(terms)
-        with nddebug.trace() as rec:
-            step()
-        said = [x for x in rec.warnings if "three or more terms" in x]
-        assert bool(said) == warned, rec.warnings
-        if said:
-            assert "AddOpsRewrite" in said[0] and "verdict is about the traced step" in said[0]
-        else:
+        for _ in range(3):
+            step, w = _chain_step(terms)
+            with nddebug.trace() as rec:
+                step()
+            assert not rec.warnings, rec.warnings
             assert w.numpy().tobytes() == plain, f"{name}: tracing changed what the step computes"
+
+
+def test_a_sum_whose_terms_a_record_may_still_hold_is_named() -> None:
+    """The check behind the warning, on optimized graphs as TensorFlow exports them: a merged
+    AddN whose first two terms a record may still read when it runs takes over the third
+    term's buffer, which it does not in the plain program; where the records are among the
+    sum's ancestors, or hold only the first term (a + b is b + a), nothing is named."""
+    from tensorflow.core.protobuf import config_pb2
+
+    from nddebug.tracer import optimized_sums
+
+    def metadata(recorded: list[str], ordered: bool) -> Any:
+        md = config_pb2.RunMetadata()
+        graph = md.function_graphs.add().partition_graphs.add()
+        terms = ["a", "b", "c"]
+        for t in terms:
+            graph.node.add(name=t, op="Tanh", input=["x"])
+        records = [f"{t}/nddebug/NddebugDigestRecord" for t in recorded]
+        for t, r in zip(recorded, records, strict=True):
+            graph.node.add(name=r, op="NddebugDigestRecord", input=[t])
+        waits = [f"^{r}" for r in records] if ordered else []
+        graph.node.add(name="sum", op="AddN", input=terms + waits)
+        return md
+
+    assert optimized_sums.reordered_sums(metadata(["a", "b"], ordered=False)) == ("sum",)
+    assert optimized_sums.reordered_sums(metadata(["a", "b"], ordered=True)) == ()
+    assert optimized_sums.reordered_sums(metadata(["a"], ordered=False)) == ()
+    assert optimized_sums.reordered_sums(metadata([], ordered=False)) == ()
 
 
 def _residual_affine() -> Any:

@@ -153,10 +153,11 @@ def graph_key(graph: Any) -> str:
     return cache["<key>"]
 
 
-#: Kernels that compute other bits when they take over an input's buffer than when they do
-#: not (oneDNN's AddN sums in another order in place): they keep the ordering edge of
-#: :func:`digests_first` even where grappler could rewrite them.
-BITS_DEPEND_ON_FORWARDING = frozenset({"AddN"})
+#: The sums grappler's AddOpsRewrite merges into one AddN where they form a chain with no
+#: control edge. AddN computes other bits when it takes over another term's buffer, so
+#: these keep the ordering of :func:`digests_first` even where grappler could rewrite them,
+#: and wait through an Identity (:func:`_read_after`).
+MERGED_SUMS = frozenset({"Add", "AddV2", "AddN"})
 
 
 #: Per-graph cache entry: what instrumenting the graph said (see :func:`say`).
@@ -1248,12 +1249,13 @@ def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = F
     without nddebug. Other ops keep their schedule.
 
     ``rewritable``: grappler may rewrite the op together with its consumer
-    (``data/rewrites.toml``). It then gets no edge unless its bits depend on forwarding: a
-    control input keeps grappler from removing the op into a fused one (Sigmoid into
-    oneDNN's _MklSwish, constants pushed down a product chain), and the kernel computes the
-    same bits in place or not (a digest that still holds the input only keeps the buffer
-    from being taken over while it reads)."""
-    if rewritable and op.type not in BITS_DEPEND_ON_FORWARDING:
+    (``data/rewrites.toml``). It then gets no edge unless it is a sum (``MERGED_SUMS``,
+    which waits through an Identity grappler removes after merging): a control input keeps
+    grappler from removing the op into a fused one (Sigmoid into oneDNN's _MklSwish,
+    constants pushed down a product chain), and the kernel computes the same bits in place
+    or not (a digest that still holds the input only keeps the buffer from being taken
+    over while it reads)."""
+    if rewritable and op.type not in MERGED_SUMS:
         return
     if op.type in _NEVER_REUSES_AN_INPUT:
         # No buffer to take over; and a control edge into a contraction stops grappler's
@@ -1265,8 +1267,6 @@ def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = F
         # edges stop rewrites the plain program makes (x * sigmoid(x) into _MklSwish once
         # silu's `beta * x` with beta 1 is removed: 1 ULP in the output). Ordering the
         # body's readers is left to the body's own records.
-        return
-    if op.type in BITS_DEPEND_ON_FORWARDING and _sums_a_callers_value(op, inputs):
         return
     seen = set()
     reusable = _REUSES_ONLY.get(op.type)
@@ -1283,26 +1283,30 @@ def digests_first(op: Any, inputs: Any, digests: list[Any], rewritable: bool = F
             continue
         if any(_may_forward(t, out) for out in op.outputs):
             seen.add(d_op.name)
-            op._add_control_input(d_op)
+            if op.type in MERGED_SUMS:
+                _read_after(op, position, t, d_op)
+            else:
+                op._add_control_input(d_op)
 
 
-def _sums_a_callers_value(op: Any, inputs: Any) -> bool:
-    """Whether ``op`` adds a value its caller hands in, in a function whose calls grappler
-    inlines: there it merges the op with the caller's sum of that value into one AddN (a
-    nested function returning ``a`` and using it, both squared by the loss: the gradient's
-    ``a + a`` and the function's own term), and a control input stops it (94 of 256
-    gradient elements 1 ULP away)."""
-    if not _left_to_callers(op.graph):
-        return False
-    for t in inputs:
-        for _ in range(8):  # through the Identity a gradient takes of its upstream value
-            if t.op.type not in ops.ALIAS_OPS or not t.op.inputs:
-                break
-            alias = ops.ALIAS_OPS[t.op.type]
-            t = t.op.inputs[t.value_index if alias is None else alias]
-        if t.op.type == "Placeholder":
-            return True
-    return False
+def _read_after(op: Any, position: int, t: Any, d_op: Any) -> None:
+    """Have a sum read its term ``position`` through an Identity that waits for the term's
+    digest, instead of waiting for the digest itself. Grappler's AddOpsRewrite merges a chain
+    of sums into one AddN only where no sum of it has a control input, as in a loop's
+    gradient, which adds each iteration's terms one sum at a time; its dependency optimizer
+    then removes the Identity and hands its wait to the merged AddN. The traced step sums
+    in the plain step's order, after its records have let go of the terms."""
+    import tensorflow as tf
+
+    with (
+        op.graph.as_default(),
+        tf.name_scope(op.name + "/nddebug/"),
+        tf.control_dependencies([d_op]),
+    ):
+        held = tf.identity(t, name="after_digest")
+    if op.device:
+        held.op._set_device(op.device)
+    op._update_input(position, held)
 
 
 def _may_forward(t: Any, out: Any) -> bool:

@@ -60,14 +60,16 @@ def reordered_sums(run_metadata: Any) -> tuple[str, ...]:
     and adds the others to it, so the order it sums in depends on which terms are free when
     it starts; with three or more terms that order changes the bits (taking over the second
     term instead of the first does not: a + b is b + a). A record of nddebug reading a term
-    holds it until the record has run. Where the sum is built in Python nddebug orders those
-    records first (instrument.digests_first); grappler's AddOpsRewrite merges a chain of
-    adds only where no node of it has a control edge, so a merged sum gets none, and
-    ``h + h * 0.5 + tanh(h)`` took over another term traced than plain (582 of 1,024
-    gradient elements a few ULPs away). Read from the optimized graphs: a term is free when
-    every other reader of it is among the sum's ancestors (it has run), in the program
-    without nddebug's ops and with them; a sum is named where the first free term differs
-    beyond that swap."""
+    holds it until the record has run. nddebug has each sum read its terms through
+    Identities that wait for those records (instrument.digests_first), which grappler
+    removes after merging a chain of adds, handing their waits to the merged AddN; this
+    check is the net for the records that ordering misses (a term taken from a caller, a
+    record in another graph). Without that ordering, ``h + h * 0.5 + tanh(h)`` took over
+    another term traced than plain (582 of 1,024 gradient elements a few ULPs away).
+
+    Read from the optimized graphs: a term is free when every other reader of it is among
+    the sum's ancestors (it has run), in the program without nddebug's ops and with them; a
+    sum is named where the first free term differs beyond that swap."""
     from nddebug.tracer.unneeded import is_ours_name
 
     found = set()
@@ -188,8 +190,7 @@ def note(recording: Recording, name: str) -> None:
             f"{len(reordered)} sum(s) of three or more terms in {ops.function_name(name)} "
             f"({shown}) may add their terms in another order than the untraced step: "
             "TensorFlow's AddN adds the others to the first term whose buffer nothing else "
-            "holds, and nddebug's records may still hold one when the sum runs (grappler "
-            "merged these from chains of adds, where nddebug can place no ordering edge). "
+            "holds, and nddebug's records may still hold one when the sum runs. "
             "Their last bits, and what follows from them, can differ from the untraced "
             "step's; the verdict is about the traced step.",
         )
