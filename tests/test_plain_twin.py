@@ -81,6 +81,13 @@ def test_outside_trace_the_twin_runs_and_holds_none_of_nddebugs_ops() -> None:
         types = _op_types(twin)
         assert {"While", "StatelessWhile"} & types or {"If", "StatelessIf"} & types
         assert not {t for t in types if t.startswith("Nddebug")}, types
+        scoped = [n.name for f in _function_defs(twin) for n in f.node_def if "nddebug/" in n.name]
+        assert not scoped, scoped  # a sum's wait for its records included (sums read terms)
+        assert any(
+            "nddebug/" in n.name and n.op == "Identity"
+            for f in _function_defs(name)
+            for n in f.node_def
+        )
         nested = {
             value.func.name
             for fdef in _function_defs(twin)

@@ -9,13 +9,14 @@ debugged once and then trains with should cost what it did before.
 So an eager call of an instrumented function made while no block is open runs a twin: the
 same FunctionDef with nddebug's ops taken out (the record and digest ops, the host callbacks
 of the pure-TF path, and the switch reads and other ops of nddebug's name scope that only
-they used), the ordering edges they added dropped, and nested instrumented functions (cond
-branches, loop bodies, called functions) replaced by their own twins. The twin is made from
-the instrumented FunctionDef the first time it is needed and registered with the eager
-context; TensorFlow optimizes and instantiates it on its first call, as it did the plain
-function. What the user's ops compute is untouched: an op of nddebug's that a user op reads
-(the GPU-emulation switch) stays, and a function where taking nddebug's ops out would cut
-an edge into the user's ops gets no twin and runs instrumented, as before.
+they used), the ordering edges they added dropped (a sum that read a term through an
+Identity waiting for the term's record reads the term again), and nested instrumented
+functions (cond branches, loop bodies, called functions) replaced by their own twins. The
+twin is made from the instrumented FunctionDef the first time it is needed and registered
+with the eager context; TensorFlow optimizes and instantiates it on its first call, as it
+did the plain function. What the user's ops compute is untouched: an op of nddebug's that a
+user op reads (the GPU-emulation switch) stays, and a function where taking nddebug's ops
+out would cut an edge into the user's ops gets no twin and runs instrumented, as before.
 
 Nor does a function that holds an op whose kernel keeps state from one execution to the
 next (the legacy random ops: ``tf.random.uniform``, ``tf.nn.dropout``, ``tf.random.shuffle``
@@ -173,6 +174,14 @@ def _strip_nodes(
             if not inp.startswith("^") and _source(inp) in readers:
                 readers[_source(inp)].add(n.name)
     drop = {n.name for n in nodes if _ours(n)}
+    # Identities of nddebug's that a sum reads its term through, waiting for the term's
+    # record (instrument._read_after): the sum reads the term itself again.
+    bypass = {
+        n.name: n.input[0]
+        for n in nodes
+        if n.op == "Identity" and _in_scope(n.name) and n.input and not _in_scope(n.input[0])
+    }
+    drop |= set(bypass)
     changed = True
     while changed:  # what only nddebug's dropped ops read goes too
         changed = False
@@ -199,6 +208,10 @@ def _strip_nodes(
         del kept.input[:]
         for inp in n.input:
             src = _source(inp)
+            if src in bypass:
+                term = bypass[src]
+                inp = "^" + _source(term) if inp.startswith("^") else term
+                src = _source(term)
             if src in drop:
                 if not inp.startswith("^"):
                     return None  # a user op reads one of nddebug's values
