@@ -123,6 +123,35 @@ def test_rerun_mode_says_what_it_cannot_re_execute() -> None:
     assert nddebug.check(clean, tf.ones([8]), state=[w], mode="rerun").ok
 
 
+@pytest.mark.parametrize("draw", ["numpy", "python"])
+def test_rerun_mode_says_an_eager_step_drew_from_pythons_random_state(draw: str) -> None:
+    """An eager step fed by NumPy's (or Python's) unseeded global random state: two plain
+    calls differ, and rerun mode, which re-executes each op on its own inputs, said
+    "reproducible" (probe round 38). It now says what it could not compare; the same step fed
+    a fixed array stays ok."""
+    import random
+
+    w = tf.Variable(tf.ones([4, 1]))
+    fixed = np.linspace(0.0, 1.0, 32, dtype=np.float32).reshape(8, 4)
+
+    def noisy():
+        if draw == "numpy":
+            values = np.random.rand(8, 4).astype(np.float32)
+        else:
+            values = np.array([random.random() for _ in range(32)], np.float32).reshape(8, 4)
+        return tf.reduce_sum(tf.matmul(tf.constant(values), w))
+
+    def clean():
+        return tf.reduce_sum(tf.matmul(tf.constant(fixed), w))
+
+    assert noisy().numpy() != noisy().numpy()  # the ground truth: plain calls differ
+    report = nddebug.check(noisy, state=[w], mode="rerun")
+    assert not report.ok and report.verdict.startswith("no difference seen"), str(report)
+    name = "NumPy's np.random" if draw == "numpy" else "Python's random module"
+    assert any(name in line for line in report.not_compared), report.not_compared
+    assert nddebug.check(clean, state=[w], mode="rerun").ok
+
+
 def test_rerun_of_a_deterministic_graph_is_ok_and_copies_are_not_merged() -> None:
     @tf.function
     def f(a: tf.Tensor) -> tf.Tensor:

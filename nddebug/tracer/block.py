@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterator
 
 from nddebug import digest as dg
-from nddebug.recording import Recording
+from nddebug.recording import NOT_COMPARED, Recording
 from nddebug.tracer import steps
 from nddebug.tracer.recorder import Recorder
 from nddebug.tracer.stream import EventStream
@@ -80,6 +80,7 @@ def trace(
     recorder = Recorder(rec, rerun=rerun, detail=detail)
     if path is not None:
         recorder.stream = EventStream(path, rec)
+    drawn_from = _python_random_states() if rerun else None
     recorder.start()
     try:
         yield rec
@@ -95,6 +96,8 @@ def trace(
     finally:
         recorder.stop()
         _determinism_set_inside(rec)
+        if drawn_from is not None:
+            _python_draws(rec, drawn_from)
         if not rec.events and not (recorder.stream is not None and recorder.stream.started):
             rec.warnings.append(
                 "No TensorFlow op ran inside the block: nothing was recorded. Put the training "
@@ -117,6 +120,37 @@ def trace(
                         RuntimeWarning,
                         stacklevel=3,
                     )
+
+
+def _python_random_states() -> dict[str, str]:
+    """Python's and NumPy's global random states, by name, as digests (cheap: a few KB)."""
+    import hashlib
+    import random
+
+    import numpy as np
+
+    states = {"Python's random module": repr(random.getstate()).encode()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    states["NumPy's np.random"] = keys.tobytes() + repr((name, pos, has_gauss, cached)).encode()
+    return {k: hashlib.sha256(v).hexdigest() for k, v in states.items()}
+
+
+def _python_draws(rec: Recording, before: dict[str, str]) -> None:
+    """A rerun block whose code drew from Python's or NumPy's global random state: the values
+    it made enter TensorFlow without an op (a tensor made from a NumPy array), and re-executing
+    ops on their own inputs cannot compare them. An eager step fed ``np.random.rand`` was
+    "reproducible" in rerun mode while two plain calls differed (probe round 38). Repeated
+    steps compare such values as the inputs of the ops that read them."""
+    after = _python_random_states()
+    drawn = [name for name, state in before.items() if after.get(name) != state]
+    if drawn:
+        rec.warnings.append(
+            f"{NOT_COMPARED}the block drew from {' and '.join(drawn)} global random state: "
+            "values made in Python enter TensorFlow without an op, and rerun mode compares "
+            "each op's re-executions on its own inputs, not values from one run to the next. "
+            "Repeat the step (nddebug.check's default mode) to compare them, or seed the "
+            "draws."
+        )
 
 
 def _determinism_set_inside(rec: Recording) -> None:
