@@ -25,6 +25,7 @@ from nddebug.recording import (
     CALL_OPS,
     DATASET_PASSES,
     DATASET_STAGES,
+    EMULATION_SCOPE,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
@@ -555,6 +556,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     _loops_and_branches_carry(findings)
     _steps_after_other_steps(findings, recordings)
     _entry_point(findings, flow)
+    findings[:] = _without_emulation_internals(findings)
     if any(f.role == "source" and not _call_like(f.op) for f in findings):
         # A loop, branch or call returns what its body computed: the body's source explains it.
         for f in findings:
@@ -902,6 +904,14 @@ def _fused_chains(findings: list[OpFinding]) -> None:
         explained = {(u[0], u[2]) for k in f.op.fused if k in sources for u in sources[k].units}
         if all((u[0], u[2]) in explained for u in f.units):
             f.role = "propagated"
+
+
+def _without_emulation_internals(findings: list[OpFinding]) -> list[OpFinding]:
+    """The findings less emulate_gpu()'s own ops that only carried a difference: the
+    gradients TensorFlow makes of its masks (".../UnsortedSegmentSum/emulate_gpu/
+    SelectV2_grad/SelectV2") were listed as propagated ops of the user's step (probe round
+    38). An emulated op's source is recorded as the op it emulates, and is kept."""
+    return [f for f in findings if f.role == "source" or EMULATION_SCOPE not in f.op.op_name]
 
 
 def explained_elsewhere(

@@ -92,6 +92,10 @@ TABLE_OR_QUEUE_READS = re.compile(r"^(LookupTable(Find|Size|Export)|Queue(Dequeu
 OPAQUE = ("uninstrumented", "xla")
 #: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
 NOT_COMPARED = "Not compared: "
+#: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate), and of the gradient
+#: ops TensorFlow makes for them: its random masks run only while its switch is on, and are
+#: no op of the user's.
+EMULATION_SCOPE = "/emulate_gpu/"
 #: Op types that write a resource variable (input 0).
 WRITER = re.compile(
     r"^(ResourceApply|ResourceSparseApply|AssignVariableOp|AssignAddVariableOp|"

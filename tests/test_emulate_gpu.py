@@ -604,3 +604,34 @@ def test_an_emulated_op_that_pfor_vectorized_is_named_not_its_mask() -> None:
     sources = report.sources
     assert len(sources) >= 1 and "RandomUniform" not in set(sources["op_type"]), str(report)
     assert set(sources["kind"]) != {"random"}, str(report)
+
+
+def test_the_gradients_of_the_emulations_masks_are_no_rows_of_the_report() -> None:
+    """The gradient of an emulated op's input flows through the emulation's masks, and
+    TensorFlow's gradient ops of those masks (".../UnsortedSegmentSum/emulate_gpu/
+    SelectV2_grad/SelectV2") were listed as propagated ops of the user's step (probe round
+    38). They are nddebug's: the emulated op is the source and the user's ops carry it."""
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(64, 4).astype("float32"))
+    ids = tf.constant(rng.randint(0, 4, 64))
+    w = tf.Variable(rng.randn(4, 4).astype("float32"))
+
+    @tf.function
+    def step(i):
+        with tf.GradientTape() as tape:
+            h = x @ w
+            # In a branch: its gradient is a function of its own, and records the masks'.
+            seg = tf.cond(
+                i > 0,
+                lambda: tf.math.unsorted_segment_sum(h * 1e3, ids, 4),
+                lambda: tf.zeros([4, 4]),
+            )
+            loss = tf.reduce_sum(seg**2)
+        w.assign_sub(1e-6 * tape.gradient(loss, w))
+        return loss
+
+    report = nddebug.check(step, tf.constant(1), state=w, repeats=4, emulate_gpu=True)
+    rows = report.culprits
+    assert list(report.sources["op_type"]) == ["UnsortedSegmentSum"], str(report)
+    assert (rows["role"] == "propagated").any(), str(report)  # the gradient carries it
+    assert not rows["op_name"].str.contains("/emulate_gpu/").any(), str(report)

@@ -21,6 +21,7 @@ from nddebug import digest as dg
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     DATASET_PASSES,
+    EMULATION_SCOPE,
     NOT_COMPARED,
     PARALLEL_RANDOM,
     PER_REPLICA,
@@ -1574,10 +1575,10 @@ def _emulated_type(graph: Any, op: Any) -> str:
     user's unseeded random op, with the advice to seed it (probe round 38); it is the emulated
     kernel's reordering, named and advised as that kernel."""
     name = op.name
-    if unneeded.EMULATION_SCOPE not in name:
+    if EMULATION_SCOPE not in name:
         return op.type
     try:
-        return graph.get_operation_by_name(name.split(unneeded.EMULATION_SCOPE)[0]).type
+        return graph.get_operation_by_name(name.split(EMULATION_SCOPE)[0]).type
     except (KeyError, ValueError):
         return op.type
 

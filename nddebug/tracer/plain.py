@@ -39,6 +39,7 @@ import functools
 import threading
 from typing import Any
 
+from nddebug.recording import EMULATION_SCOPE
 from nddebug.switch import SWITCH_PREFIX
 from nddebug.tracer import fresh, ops, unneeded
 from nddebug.tracer.registry import REGISTRY
@@ -373,7 +374,7 @@ def _kernel_state(ctx: Any, fdef: Any, seen: set[str]) -> str | None:
     kernel may keep state from one execution to the next; None where there is none."""
     seen.add(fdef.signature.name)
     for node in fdef.node_def:
-        if _ours(node) or unneeded.EMULATION_SCOPE in node.name:
+        if _ours(node) or EMULATION_SCOPE in node.name:
             continue  # emulate_gpu's random masks: used only while its switch is on
         callees = ops.callees(node)
         op_def = ops.op_def(node.op)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nddebug.recording import EMULATION_SCOPE
 from nddebug.switch import SWITCH_PREFIX
 from nddebug.tracer import ops
 from nddebug.tracer.registry import REGISTRY
@@ -33,11 +34,6 @@ _CUT = "<records cut>"
 def is_ours_name(name: str) -> bool:
     """Whether a node of that name sits in nddebug's name scope (see :func:`ours`)."""
     return bool(_OURS_SCOPE.search(name))
-
-
-#: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate): its random masks run
-#: only while its switch is on, and are no op of the user's.
-EMULATION_SCOPE = "/emulate_gpu/"
 
 
 def made_by_nddebug(name: str) -> bool:
