@@ -21,6 +21,7 @@ from typing import Any
 from nddebug import knowledge, replicas
 from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import (
+    ACCUMULATED_SUM,
     ARGUMENT_BY_CALLER,
     CALL_OPS,
     DATASET_PASSES,
@@ -1573,6 +1574,10 @@ def _explain(f: OpFinding, device: str = "") -> None:
     op = f.op
     device = device or op.device
     f.culprit = knowledge.lookup(op.op_type, device)
+    if op.attrs.get(ACCUMULATED_SUM):
+        # A sum grappler made one AssignAdd per term (tracer.optimized_sums): that, not a
+        # kernel recorded with it, is why it varies.
+        f.culprit = knowledge.by_topic(knowledge.ACCUMULATED_TOPIC) or f.culprit
     for member in op.fused.values():  # a kernel fused into this op's record may be known
         f.culprit = f.culprit or knowledge.lookup(member, device)
     if f.role == "control flow":

@@ -391,6 +391,15 @@ def culprits() -> tuple[Culprit, ...]:
     return _parse(resource.read_text(encoding="utf-8"), origin="nddebug/data/culprits.toml")
 
 
+#: The entry of sums grappler's memory optimizer adds in arrival order (tracer.optimized_sums).
+ACCUMULATED_TOPIC = "grappler memory optimizer: sums accumulated in arrival order"
+
+
+def by_topic(topic: str) -> Culprit | None:
+    """The entry of a source that is not one op type, by its ``topic``."""
+    return next((c for c in culprits() if c.topic == topic), None)
+
+
 @functools.cache
 def _by_op_type() -> dict[str, tuple[Culprit, ...]]:
     index: dict[str, list[Culprit]] = {}

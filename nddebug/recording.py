@@ -90,6 +90,9 @@ TABLE_OR_QUEUE_READS = re.compile(r"^(LookupTable(Find|Size|Export)|Queue(Dequeu
 #: ("uninstrumented") or compiled with XLA ("xla"). Their outputs and the variables they can
 #: write are compared; the ops inside them are not.
 OPAQUE = ("uninstrumented", "xla")
+#: OpInfo.attrs key of a sum that grappler's memory optimizer turned into one AssignAdd per
+#: term, added in arrival order (tracer.optimized_sums): a known non-deterministic construct.
+ACCUMULATED_SUM = "accumulated in arrival order"
 #: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
 NOT_COMPARED = "Not compared: "
 #: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate), and of the gradient

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from nddebug import knowledge
-from nddebug.recording import PARALLEL_RANDOM, PIPELINE_OPS, PIPELINE_READERS, Recording
+from nddebug.recording import (
+    ACCUMULATED_SUM,
+    PARALLEL_RANDOM,
+    PIPELINE_OPS,
+    PIPELINE_READERS,
+    Recording,
+)
 
 #: Kinds of knowledge-base entries whose op is non-deterministic by its kernel alone. Random
 #: ops are not here: seeded, they repeat; unseeded, every repeat shows it. Collectives are not
@@ -60,7 +66,7 @@ LOOP_RANDOM_TOPIC = "legacy random ops in parallel loop iterations"
 
 
 def _race_culprit(topic: str = RACE_TOPIC) -> knowledge.Culprit | None:
-    return next((c for c in knowledge.culprits() if c.topic == topic), None)
+    return knowledge.by_topic(topic)
 
 
 def known_risks(
@@ -134,6 +140,21 @@ def known_risks(
                     observed=op.key in diverged,
                     applies=True,
                     culprit=loop_race,
+                )
+            accumulated = op.attrs.get(ACCUMULATED_SUM)
+            sums = knowledge.by_topic(knowledge.ACCUMULATED_TOPIC) if accumulated else None
+            if sums is not None and f"{op.key} > accumulated" not in seen:
+                # Added in arrival order (tracer.optimized_sums): repeats may not show it.
+                seen[f"{op.key} > accumulated"] = Risk(
+                    op_type="AddN",
+                    op_name=f"{', '.join(accumulated)} (grappler made it one AssignAdd per "
+                    "term, added in arrival order)",
+                    key=f"{op.key} > accumulated",
+                    location=op.location,
+                    device=device,
+                    observed=op.key in diverged,
+                    applies=True,
+                    culprit=sums,
                 )
             for key, op_type, name in members:
                 if key in seen:

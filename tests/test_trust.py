@@ -1911,3 +1911,44 @@ def test_two_blocks_calling_one_step_from_two_lines_compare_as_one_path() -> Non
         other(x)
     report = nddebug.compare([first, third])
     assert report.verdict == "NOT reproducible" and report.comparison.paths, str(report)
+
+
+def _gradient_summed_over_three_uses(rows: int) -> tuple[Any, Any, tf.Variable]:
+    """A gradient summed over three uses of one activation: an AddN of three [rows, 256]
+    terms, live at the step's peak memory."""
+    rng = np.random.RandomState(0)
+    w = tf.Variable(rng.randn(256, 256).astype("float32") * 0.05)
+    x = tf.constant(rng.randn(rows, 256).astype("float32"))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            loss = tf.reduce_mean(tf.tanh(h) * tf.sin(h) + tf.cos(h) * tf.exp(-h * h) + h * h)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    return step, x, w
+
+
+def test_a_sum_grappler_accumulates_in_arrival_order_is_a_risk_and_the_sources_why() -> None:
+    """Where grappler's static peak-memory estimate nears the device's (256 MiB reported for
+    the CPU), its memory optimizer turns a sum of three or more live tensors into one locked
+    AssignAdd per term, added in arrival order: the plain step itself varies (13 distinct
+    gradients in 20 calls of this one; ResNet50V2's train step, 3 of 40). nddebug read the
+    rewrite and only said the traced step might differ from the untraced one: 2 repeats said
+    "reproducible", and a caught difference was explained by a convolution recorded with the
+    sum (probe round 39). Now each such sum is a risk, and its source's why is the rewrite."""
+    step, x, w = _gradient_summed_over_three_uses(16384)
+    report = nddebug.check(step, x, state=[w], repeats=2)
+    assert not report.ok and report.verdict != "reproducible", str(report)
+    rows = report.risks
+    assert rows["op_name"].str.contains("arrival order").any(), str(report)
+    for _, source in report.sources.iterrows():
+        if source["op_type"] == "AddN":
+            assert "memory optimizer" in source["explanation"], source["explanation"]
+            assert "disable_meta_optimizer" in source["fix"], source["fix"]
+    # The same step on fewer rows stays under the threshold: no rewrite, no risk.
+    step, x, w = _gradient_summed_over_three_uses(1024)
+    quiet = nddebug.check(step, x, state=[w], repeats=2)
+    assert quiet.ok, str(quiet)
