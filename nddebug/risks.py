@@ -126,36 +126,34 @@ def known_risks(
                     culprit=race,
                 )
                 continue
+            # Constructs the runs may not show, each a risk of the op by its knowledge entry:
+            # random ops shared by loop iterations run side by side (the traced loop runs
+            # them in turn), and a sum grappler adds in arrival order (tracer.optimized_sums).
+            hidden = []
             racing = op.attrs.get(PARALLEL_RANDOM)
-            loop_race = _race_culprit(LOOP_RANDOM_TOPIC) if racing else None
-            if loop_race is not None and f"{op.key} > loop" not in seen:
-                # Not seen by construction: the traced loop runs its iterations in turn.
-                seen[f"{op.key} > loop"] = Risk(
-                    op_type=", ".join(racing),
-                    op_name=f"{', '.join(racing)} in the loop {op.op_name or op.op_type} "
-                    "(its iterations run side by side)",
-                    key=f"{op.key} > loop",
-                    location=op.location,
-                    device=device,
-                    observed=op.key in diverged,
-                    applies=True,
-                    culprit=loop_race,
-                )
+            if racing:
+                names = ", ".join(racing)
+                where = f"in the loop {op.op_name or op.op_type} (its iterations run side by side)"
+                hidden.append(("loop", LOOP_RANDOM_TOPIC, names, f"{names} {where}"))
             accumulated = op.attrs.get(ACCUMULATED_SUM)
-            sums = knowledge.by_topic(knowledge.ACCUMULATED_TOPIC) if accumulated else None
-            if sums is not None and f"{op.key} > accumulated" not in seen:
-                # Added in arrival order (tracer.optimized_sums): repeats may not show it.
-                seen[f"{op.key} > accumulated"] = Risk(
-                    op_type="AddN",
-                    op_name=f"{', '.join(accumulated)} (grappler made it one AssignAdd per "
-                    "term, added in arrival order)",
-                    key=f"{op.key} > accumulated",
-                    location=op.location,
-                    device=device,
-                    observed=op.key in diverged,
-                    applies=True,
-                    culprit=sums,
-                )
+            if accumulated:
+                how = "(grappler made it one AssignAdd per term, added in arrival order)"
+                name = f"{', '.join(accumulated)} {how}"
+                hidden.append(("accumulated", knowledge.ACCUMULATED_TOPIC, "AddN", name))
+            for suffix, topic, op_type, name in hidden:
+                culprit = _race_culprit(topic)
+                key = f"{op.key} > {suffix}"
+                if culprit is not None and key not in seen:
+                    seen[key] = Risk(
+                        op_type=op_type,
+                        op_name=name,
+                        key=key,
+                        location=op.location,
+                        device=device,
+                        observed=op.key in diverged,
+                        applies=True,
+                        culprit=culprit,
+                    )
             for key, op_type, name in members:
                 if key in seen:
                     continue
