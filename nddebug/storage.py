@@ -168,7 +168,35 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         byte = exc.object[exc.start]
         return f"damaged bytes where SQLite keeps text: byte 0x{byte:02x} is not UTF-8"
+    undecodable = _UNDECODABLE.match(str(exc))
+    if undecodable:  # the message goes on to quote the whole damaged text
+        return f"its column {undecodable.group(1)!r} holds text that is not UTF-8 (a byte changed)"
     return str(exc)
+
+
+#: Python's sqlite3 reading a TEXT value that is not UTF-8 (an OperationalError).
+_UNDECODABLE = re.compile(r"Could not decode to UTF-8 column '([^']*)'")
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """Whether an SQLite failure while rows are read says those rows are damaged (corrupt
+    pages, text that is not UTF-8), not that the file is busy or cannot be opened."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return bool(_UNDECODABLE.match(str(exc)))
+    return isinstance(exc, DAMAGED)
+
+
+@contextlib.contextmanager
+def _rows_of_one_run() -> Iterator[None]:
+    """Damage SQLite meets while one run's rows are read is that run's (RowError): a byte
+    changed in one op's info made every run of the file unreadable, ``salvage()`` included,
+    while the other run was whole (probe round 40)."""
+    try:
+        yield
+    except SQLITE_ERRORS as exc:
+        if not _is_damage(exc):
+            raise
+        raise RowError(_why(exc)) from None
 
 
 def _connect(path: str, create: bool, threads: bool = False) -> sqlite3.Connection:
@@ -309,11 +337,14 @@ def integrity_problem(rows: list[tuple[Any, ...]]) -> str:
     return " ".join(shown) or "no answer"
 
 
-def _cut_short(con: sqlite3.Connection, path: str) -> str:
-    """How a file is shorter than the pages it holds ("" if it is not). SQLite reads the
-    missing end of its last page as zeros: a recording cut by a few bytes passed the
-    quick check (it does not compare an index with its table), and the index it lost made
-    its runs load with no events."""
+def _wrong_size(con: sqlite3.Connection, path: str) -> str:
+    """How a file's size differs from the pages it holds ("" if it does not).
+
+    Shorter: SQLite reads the missing end of its last page as zeros; a recording cut by a
+    few bytes passed the quick check (it does not compare an index with its table), and the
+    index it lost made its runs load with no events. Longer: SQLite reads only the pages its
+    header counts; two recordings joined with ``cat`` loaded as the first alone, the runs of
+    the second dropped without a word (probe round 40)."""
     if os.path.exists(path + "-wal"):
         return ""  # pages past the end of the file may be in the write-ahead log
     # Read under one read transaction: another process's commit cannot change the file
@@ -331,19 +362,29 @@ def _cut_short(con: sqlite3.Connection, path: str) -> str:
     finally:
         if own:
             con.rollback()
-    if size >= pages * page_size:
+    if size > pages * page_size:
+        return (
+            f"it holds {size - pages * page_size:,} bytes after the end of its {pages} pages "
+            "that SQLite would not read: two files joined into one?"
+        )
+    if size == pages * page_size:
         return ""
-    return f"it holds {size:,} bytes of the {pages * page_size:,} of its {pages} pages"
+    return (
+        f"it holds {size:,} bytes of the {pages * page_size:,} of its {pages} pages; "
+        "it may be truncated"
+    )
 
 
 def _check_format(con: sqlite3.Connection, path: str, writing: bool = False) -> None:
     try:
         problem = integrity_problem(con.execute("PRAGMA quick_check").fetchall())
-        problem = problem or _cut_short(con, path)
         if problem:
             raise RecordingFileError(
                 f"{path}: the file is damaged ({problem}); it may be truncated"
             )
+        problem = _wrong_size(con, path)
+        if problem:
+            raise RecordingFileError(f"{path}: the file is damaged ({problem})")
         layout, rows = _layout(con)
         if layout != _RECORDING:
             raise _not_a_recording(path, layout, rows, writing)
@@ -1492,17 +1533,38 @@ def salvage(path: str) -> tuple[list[Recording], list[str]]:
     wrong with it). For a damaged file: save the runs into a new file to keep them. Raises
     RecordingFileError only if the file as a whole is unreadable."""
     with _reading(path) as (con, tables):
-        runs = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY ordinal").fetchall()
+        runs = _runs_in_order(con)
         out, problems = [], []
         with _no_gc():
-            for n, row in enumerate(runs, 1):
-                label = row[1]
-                name = f"run {n} of {len(runs)} (label {label!r}, run_id {str(row[0])[:8]})"
+            for n, (rowid, run_id, label) in enumerate(runs, 1):
+                name = f"run {n} of {len(runs)} (label {label!r}, run_id {run_id[:8]})"
                 try:
-                    out.append(_read_run(con, row, tables))
+                    with _rows_of_one_run():
+                        out.append(_read_run(con, _run_row(con, rowid), tables))
                 except RowError as exc:
                     problems.append(" ".join(f"{exc}, {name}".split()))  # one line
         return out, problems
+
+
+def _runs_in_order(con: sqlite3.Connection) -> list[tuple[int, str, str | None]]:
+    """Each run's rowid, run_id and label, in the order they were saved, read as bytes: a run
+    whose row holds damaged text is still listed (and named), and read alone by
+    :func:`_run_row`."""
+
+    def text(value: Any) -> Any:
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+    return [
+        (rowid, str(text(run_id)), text(label))
+        for rowid, run_id, label in con.execute(
+            "SELECT rowid, CAST(run_id AS BLOB), CAST(label AS BLOB) FROM runs ORDER BY ordinal"
+        ).fetchall()
+    ]
+
+
+def _run_row(con: sqlite3.Connection, rowid: int) -> tuple:
+    """One run's row (the columns :func:`_read_header` reads)."""
+    return con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE rowid = ?", (rowid,)).fetchone()
 
 
 def load_run(path: str, run_id: str, seqs: tuple[int, int] | None = None) -> Recording:
@@ -1514,7 +1576,7 @@ def load_run(path: str, run_id: str, seqs: tuple[int, int] | None = None) -> Rec
         if row is None:
             raise RecordingFileError(f"{path}: holds no run with run_id {run_id}")
         try:
-            with _no_gc():
+            with _no_gc(), _rows_of_one_run():
                 return _read_run(con, row, tables, seqs)
         except RowError as exc:
             raise RecordingFileError(f"{path}: damaged: {exc}, run_id {run_id[:8]}") from exc
@@ -1910,18 +1972,20 @@ def load_columns(path: str, fields: Iterable[str] = COLUMN_FIELDS) -> list[RunCo
     files are converted from their rows. A damaged run raises RecordingFileError naming it."""
     wanted = _fields(fields)
     with _reading(path) as (con, tables):
-        runs = con.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY ordinal").fetchall()
+        runs = _runs_in_order(con)
         out = []
-        for n, row in enumerate(runs, 1):
+        for n, (rowid, run_id, label) in enumerate(runs, 1):
             try:
-                header = _read_header(con, row)
-                if _has_rows(con, header.run_id, tables):
-                    rec = _read_run(con, row, tables)
-                    out.append(columns_from_recording(rec, wanted))
-                else:
-                    out.append(_columns_of_chunks(con, header, wanted))
+                with _rows_of_one_run():
+                    row = _run_row(con, rowid)
+                    header = _read_header(con, row)
+                    if _has_rows(con, header.run_id, tables):
+                        rec = _read_run(con, row, tables)
+                        out.append(columns_from_recording(rec, wanted))
+                    else:
+                        out.append(_columns_of_chunks(con, header, wanted))
             except RowError as exc:
-                name = f"run {n} of {len(runs)} (label {row[1]!r}, run_id {str(row[0])[:8]})"
+                name = f"run {n} of {len(runs)} (label {label!r}, run_id {run_id[:8]})"
                 raise RecordingFileError(
                     f"{path}: damaged: {' '.join(f'{exc}, {name}'.split())}; "
                     "nddebug.storage.salvage(path) returns the runs that read back whole"
@@ -2147,8 +2211,16 @@ def run_index(path: str) -> list[tuple[str, str, str, int]]:
                     f"SELECT run_id, {count} FROM {table} GROUP BY run_id"
                 ):
                     sizes[str(run_id)] += int(n or 0)
-        rows = con.execute("SELECT run_id, label, kind FROM runs ORDER BY ordinal").fetchall()
-        return [(str(r), str(label), str(kind), sizes[str(r)]) for r, label, kind in rows]
+        kinds = dict(con.execute("SELECT rowid, CAST(kind AS BLOB) FROM runs").fetchall())
+        return [
+            (
+                run_id,
+                str(label),
+                bytes(kinds[rowid] or b"").decode("utf-8", "replace"),
+                sizes[run_id],
+            )
+            for rowid, run_id, label in _runs_in_order(con)
+        ]
 
 
 def _call_sums(run: RunColumns, key: Any, start: int, stop: int, starts: np.ndarray) -> np.ndarray:

@@ -428,6 +428,18 @@ _RUN1 = "WHERE run_id = (SELECT run_id FROM runs WHERE label = 'run 1')"
         ("an op's key", "UPDATE ops SET info = replace(info, '\"key\": ', '\"key\": 3') " + _RUN1),
         ("a run's label", "UPDATE runs SET label = 'run 7' WHERE label = 'run 1'"),
         ("a run's warnings", "UPDATE runs SET warnings = '[\"x\"]' WHERE label = 'run 1'"),
+        # Text that is not UTF-8: SQLite's reader, not the row check, fails on it, and it made
+        # the whole file unreadable, salvage() included (probe round 40, F1).
+        ("an op's info, not UTF-8", "UPDATE ops SET info = CAST(x'ff' AS TEXT) || info " + _RUN1),
+        (
+            "a run's environment, not UTF-8",
+            "UPDATE runs SET environment = CAST(x'fe' AS TEXT) || environment "
+            "WHERE label = 'run 1'",
+        ),
+        (
+            "a run's label, not UTF-8",
+            "UPDATE runs SET label = label || CAST(x'ff' AS TEXT) WHERE label = 'run 1'",
+        ),
     ],
 )
 def test_a_changed_byte_in_an_op_or_run_row_is_damage(traced_file, tmp_path, fmt, what, statement):
@@ -442,9 +454,10 @@ def test_a_changed_byte_in_an_op_or_run_row_is_damage(traced_file, tmp_path, fmt
     con.close()
     with pytest.raises(nddebug.RecordingFileError, match="a byte changed"):
         nddebug.load(str(path))
-    # The other run is whole and reads back.
+    # The other run is whole and reads back, and the damaged one is named.
     whole, problems = storage.salvage(str(path))
-    assert len(whole) + len(problems) == 2 and whole
+    assert [r.label for r in whole] == ["run 0"] and len(problems) == 1, problems
+    assert "run 2 of 2 (label 'run " in problems[0] and "\n" not in problems[0], problems
 
 
 @pytest.mark.parametrize("table", ["chunks", "ops"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -95,6 +97,29 @@ def test_truncated_recording_is_a_clear_error(tmp_path) -> None:
             f.write(data[:cut])
         with pytest.raises(nddebug.RecordingFileError, match=r"run\.nddebug.*truncated"):
             nddebug.load(path)
+
+
+def test_two_recordings_joined_into_one_file_are_a_clear_error_not_the_first_alone(
+    tmp_path,
+) -> None:
+    """``cat a.nddebug b.nddebug > both.nddebug`` loaded as ``a`` alone: SQLite reads only the
+    pages its header counts, and b's runs were dropped without a word (probe round 40). It
+    is refused, for reading and for appending, and the file is left as it is."""
+    a, b = str(tmp_path / "a.nddebug"), str(tmp_path / "b.nddebug")
+    for path in (a, b):
+        with nddebug.trace(path=path):
+            tf.reduce_sum(tf.random.stateless_uniform([1000], seed=[1, 2]))
+    joined = tmp_path / "both.nddebug"
+    joined.write_bytes(open(a, "rb").read() + open(b, "rb").read())
+    before = joined.read_bytes()
+    extra = os.path.getsize(b)
+    with pytest.raises(nddebug.RecordingFileError, match=rf"both\.nddebug.*{extra:,} bytes after"):
+        nddebug.load(str(joined))
+    with pytest.raises(nddebug.RecordingFileError, match="two files joined"):
+        with nddebug.trace(path=str(joined)):
+            tf.constant(1.0) + 1.0
+    assert joined.read_bytes() == before
+    assert len(nddebug.load(a)) == 1  # a file of its own size is read as before
 
 
 def test_executions_that_only_swap_order_are_not_divergent() -> None:
