@@ -640,6 +640,7 @@ def check(
         return report
 
     from nddebug.emulate import emulate_gpu as emulation
+    from nddebug.emulate import suspended as emulation_suspended
 
     traced_unseeded = _traced_unseeded(fn, seed)
     try:
@@ -713,8 +714,11 @@ def check(
         # With the process's random streams as they were, not seeded to ``seed``: that is
         # the step the program would have run. Seeded, it left Python's, NumPy's and
         # TensorFlow's streams reset to ``seed`` for the rest of the training, and every
-        # check with seed= reset the shuffles and augmentations (probe round 37).
-        fn(*args, **kwargs)
+        # check with seed= reset the shuffles and augmentations (probe round 37). Not
+        # emulated either, inside `with emulate_gpu():` too: the training goes on as the
+        # program's own step would take it (see emulate.suspended).
+        with emulation_suspended():
+            fn(*args, **kwargs)
     return report
 
 

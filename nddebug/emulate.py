@@ -374,6 +374,38 @@ def emulate_gpu() -> Iterator[None]:
                     _set_gate(False)
 
 
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Plain ops for the block's length, inside :func:`emulate_gpu` or not: its switch off
+    (graphs traced under it compute what the plain ops compute) and its op callback out of
+    this thread's list (graphs traced now are not emulated).
+
+    For the step that carries the user's training on: ``check()``'s final ordinary step ran
+    emulated under ``with emulate_gpu(): check(...)`` and left other weights than a plain
+    step (53 of 94 tensors of a residual CNN), where ``check(..., emulate_gpu=True)`` left
+    plain ones (probe round 40). The switch is process-wide: another thread's emulated
+    graphs run plain meanwhile too."""
+    from tensorflow.python.eager import context
+
+    if not is_active():
+        yield
+        return
+    callbacks = context.context().op_callbacks
+    at = callbacks.index(_head) if _head in callbacks else None
+    if at is not None:
+        callbacks.pop(at)
+    with _lock:
+        _set_gate(False)
+    try:
+        yield
+    finally:
+        with _lock:
+            if _active_threads > 0:
+                _set_gate(True)
+        if at is not None:
+            callbacks.insert(at, _head)
+
+
 # ---------------------------------------------------------------------- op callbacks
 
 
