@@ -124,10 +124,18 @@ def _call_like(op: OpInfo) -> bool:
 
 
 def first_run_setup(findings: list[OpFinding], first_only: set[str]) -> set[str]:
-    """The keys of ops that ran in the first run only, when that run created variables: one
-    first-call setup (Keras builds optimizer slots and loss trackers on the first fit), not a
-    path the program took by chance."""
-    if not any(f.key in first_only and f.op.op_type in VARIABLE_CREATION for f in findings):
+    """The keys of ops that ran in the first run only, when that run created variables and
+    the others created none of their own: one first-call setup (Keras builds optimizer slots
+    and loss trackers on the first fit) that later runs reused, not a path the program took
+    by chance. Where the other runs made variables the first did not, they built their own:
+    two recordings of different programs (``fit`` and a custom loop) were told to "make one
+    call before recording" (probe round 40)."""
+    created = [
+        f for f in findings if f.role == "control flow" and f.op.op_type in VARIABLE_CREATION
+    ]
+    if not any(f.key in first_only for f in created) or any(
+        f.key not in first_only for f in created
+    ):
         return set()
     return {f.key for f in findings if f.key in first_only and f.role == "control flow"}
 

@@ -3,6 +3,8 @@ Pure: lists of keys, no TensorFlow."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from nddebug.analysis import _matching_blocks
@@ -102,3 +104,47 @@ def test_an_op_only_one_run_made_is_where_runs_part_and_what_it_wrote_only_propa
     assert fd is not None and fd.role == "control flow", fd
     assert fd.step == 3 and fd.steps == 4, fd
     assert fd.op_type in ("AssignVariableOp", "Const", "Fill"), fd
+
+
+def _setup_explained(report: Any) -> set[str]:
+    """The op types of the findings explained as the first run's setup that later runs reused."""
+    return {
+        f.op.op_type for f in report.comparison.findings if "later runs reused" in f.explanation
+    }
+
+
+def test_variables_only_the_first_run_made_are_its_setup_but_not_where_each_run_made_its_own():
+    """Variables made in the first run only, and reused by the next, are the first call's
+    setup ("make one call before recording"). Two recordings of different programs each made
+    their own, and were told the same (probe round 40, F2): they only took other paths."""
+    import tensorflow as tf
+
+    import nddebug
+
+    def program_a() -> Any:
+        v = tf.Variable(tf.ones([3]))
+        return v.assign_add(tf.ones([3]) * 2.0)
+
+    def program_b() -> Any:
+        w = tf.Variable(tf.zeros([5]))
+        return w.assign_sub(tf.ones([5]))
+
+    recs = []
+    for program in (program_a, program_b):
+        with nddebug.trace() as rec:
+            program()
+        recs.append(rec)
+    different = nddebug.compare(recs)
+    assert {"VarHandleOp"} <= {f.op.op_type for f in different.comparison.findings}
+    assert _setup_explained(different) == set(), str(different)
+
+    made: list[Any] = []
+    recs = []
+    for _ in range(2):
+        with nddebug.trace() as rec:
+            if not made:
+                made.append(tf.Variable(tf.ones([3])))
+            made[0].assign_add(tf.ones([3]))
+        recs.append(rec)
+    reused = nddebug.compare(recs)
+    assert "VarHandleOp" in _setup_explained(reused), str(reused)
