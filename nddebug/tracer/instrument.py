@@ -995,17 +995,30 @@ def kept_per_replica(resource: str, depth: int = 60) -> bool:
 
 def _captured_from(graph: Any, tensor: Any) -> Any:
     """The outer tensor (eager, or of the enclosing graph) that ``tensor`` captures, if any.
-    The graph's captures grow while it is built: the map is made again on a miss."""
+    The graph's captures grow while it is built: the map is made again on a miss, from the
+    capture container's own dicts where they can be read (``graph.captures`` rebuilds its
+    list in Python after every new capture: a forward pass that captures a variable, then
+    reads it, made that quadratic, ~1 s of EfficientNetB0's first traced call)."""
     cache = REGISTRY.graph_cache(graph)
     found = cache.get("<captures>", {}).get(id(tensor))
     if found is None:
-        try:
-            pairs = graph.captures
-        except Exception:  # noqa: BLE001 - a graph without captures (TF1)
-            return None
-        cache["<captures>"] = {id(internal): external for external, internal in pairs}
+        cache["<captures>"] = _capture_map(graph)
         found = cache["<captures>"].get(id(tensor))
     return found
+
+
+def _capture_map(graph: Any) -> dict[int, Any]:
+    """id(inner placeholder) -> the outer tensor it captures, for ``graph``'s captures by value."""
+    container = getattr(graph, "_function_captures", None)
+    internal = getattr(container, "by_val_internal", None)
+    external = getattr(container, "by_val_external", None)
+    if isinstance(internal, dict) and isinstance(external, dict):
+        return {id(inner): external[key] for key, inner in internal.items() if key in external}
+    try:
+        pairs = graph.captures
+    except Exception:  # noqa: BLE001 - a graph without captures (TF1)
+        return {}
+    return {id(inner): outer for outer, inner in pairs}
 
 
 #: Per-graph cache entry: names of outputs their kernel left undefined (tracer.undefined).

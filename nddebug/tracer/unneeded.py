@@ -173,9 +173,11 @@ def cut_unneeded_records(graph: Any) -> set[Any] | None:
         inputs = op.control_inputs
         if op in dead or not any(c in dead for c in inputs):
             continue
-        keep: list[Any] = []
+        # An ordered set: an op that waits for every record (a function's control outputs
+        # gathered by a NoOp) has thousands of control inputs; a list made this quadratic.
+        keep: dict[Any, None] = {}
         for c in inputs:
-            keep.extend(x for x in instead(c) if x not in keep)
+            keep.update(dict.fromkeys(instead(c)))
         op._remove_all_control_inputs()
-        op._add_control_inputs(keep)
+        op._add_control_inputs(list(keep))
     return use
