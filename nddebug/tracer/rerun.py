@@ -8,6 +8,7 @@ copies bitwise and sends bytes only for an output whose copies differed.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,6 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
     them but their digests, so the graph computes what it computed before. Each copy waits
     for the previous one (control edge) and differs from it by an attribute, so grappler's
     common-subexpression elimination cannot merge them back into one."""
-    import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2
 
     cache = REGISTRY.graph_cache(graph)
@@ -83,7 +83,7 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
             own = list(inputs)
             if private:  # terms of its own, as the original's (see unfuse)
                 with graph.as_default():
-                    own = [tf.raw_ops.Snapshot(input=t) for t in own]
+                    own = [_private_copy(t) for t in own]
             # Graph.create_op, the public spelling, is deprecated and warns on every call.
             dup = graph._create_op_internal(
                 op.type,
@@ -118,6 +118,24 @@ def _sums_in_place(op_type: str, inputs: Any) -> bool:
     return op_type in _SUMS_IN_PLACE and len(inputs) >= 3
 
 
+_PRIVATE = itertools.count(1)
+
+
+def _private_copy(tensor: Any) -> Any:
+    """A Snapshot of ``tensor`` for one reader alone, marked so that grappler's common-
+    subexpression elimination cannot merge it with another Snapshot of the same tensor: two
+    private copies made one were shared again, the sum that read one found its term held by
+    the other reader (or free) depending on which ran first, and rerun mode named 8 of
+    ResNet50V2's gradient AddNs non-deterministic kernels (probe round 41), as before the
+    copies (round 37)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2
+
+    copy = tf.raw_ops.Snapshot(input=tensor)
+    copy.op._set_attr("_nddebug_private", attr_value_pb2.AttrValue(i=next(_PRIVATE)))
+    return copy
+
+
 def unfuse(graph: Any, op: Any, op_type: str, inputs: Any) -> list[Any]:
     """Keep an op and its copies from being merged with a sibling reading the same tensor
     (see _MERGED_ON_INPUT): the op reads that tensor through a Snapshot of its own, so the
@@ -134,7 +152,7 @@ def unfuse(graph: Any, op: Any, op_type: str, inputs: Any) -> list[Any]:
     if _sums_in_place(op_type, inputs):
         with graph.as_default(), tf.name_scope("nddebug"):
             for i, t in enumerate(inputs):
-                private = tf.raw_ops.Snapshot(input=t)
+                private = _private_copy(t)
                 op._update_input(i, private)
                 inputs[i] = private
         return inputs
@@ -142,7 +160,7 @@ def unfuse(graph: Any, op: Any, op_type: str, inputs: Any) -> list[Any]:
     if slot is None or slot >= len(inputs):
         return inputs
     with graph.as_default(), tf.name_scope("nddebug"):
-        private = tf.raw_ops.Snapshot(input=inputs[slot])
+        private = _private_copy(inputs[slot])
     op._update_input(slot, private)
     inputs[slot] = private
     return inputs
