@@ -108,3 +108,27 @@ def test_seeding_a_dataset_built_before_the_check_is_not_verified_in_process() -
     row = rows[rows["op_type"] == "IteratorGetNext"].iloc[0]
     assert row["verdict"] == "not verified", rows.to_string()
     assert "verify with a script" in row["detail"]
+
+
+def test_a_recheck_that_did_not_compare_everything_does_not_say_fixed() -> None:
+    """The function was traced before any seed was set, so verify()'s re-check with seeds
+    checked a seeded copy and said "not everything compared": that row said "fixed", about
+    the program that runs unseeded (probe round 41, F3). It is "not verified", with why."""
+    import numpy as np
+    import tensorflow as tf
+
+    import nddebug
+
+    v = tf.Variable(np.ones((64, 8), np.float32))
+
+    @tf.function
+    def step():
+        v.assign_add(tf.random.normal([64, 8]) * 0.01)
+        return tf.reduce_sum(v)
+
+    step()  # traced now, unseeded
+    report = nddebug.check(step, state=v, repeats=2)
+    assert "RandomStandardNormal" in set(report.sources["op_type"]), str(report)
+    row = report.verify().set_index("op_type").loc["RandomStandardNormal"]
+    assert row["verdict"] == "not verified", row.to_dict()
+    assert "traced before a global seed was set" in row["detail"], row["detail"]
