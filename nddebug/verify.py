@@ -188,16 +188,19 @@ def _in_process(replay: Replay, fix: str, op_types: list[str]) -> list[tuple[str
             # Nothing diverged, but the re-check did not compare everything (a function
             # traced before the seed was set: check() checked a seeded copy): "fixed" was
             # said of what it could not see (probe round 41, F3).
-            rows.append((t, fix, "not verified", _not_shown(report, how[fix])))
+            rows.append(
+                (t, fix, "not verified", _not_shown(report, f"in-process check ({how[fix]})"))
+            )
         else:
             rows.append((t, fix, "fixed", f"in-process check ({how[fix]}), {report.verdict}"))
     return rows
 
 
 def _not_shown(report: Report, how: str) -> str:
-    """Why a re-check in which nothing diverged does not show a fix works."""
+    """Why a re-check (``how`` it was made) in which nothing diverged does not show a fix
+    works."""
     unseen = "; ".join(report.not_compared) or "; ".join(report.verdict_notes)
-    return f"in-process check ({how}): {report.verdict}" + (f": {unseen}" if unseen else "")
+    return f"{how}: {report.verdict}" + (f": {unseen}" if unseen else "")
 
 
 def verify(
@@ -256,18 +259,18 @@ def verify(
                 rows += [(t, fix, "not verified", f"the script failed: {tail}") for t in op_types]
             continue
         still: set[str] = set()
-        unsure: list[Report] = []
+        unsure: Report | None = None  # the first block whose re-runs were not all compared
         for b in range(min(len(r) for r in per_run)):
             again = compare([r[b] for r in per_run])
             still |= set(again.culprits["op_type"])
-            if not again.ok:
-                unsure.append(again)
+            if not again.ok and unsure is None:
+                unsure = again
         how = f"{runs} fresh runs with {_env_text(FIX_ENV[fix])}"
         for t in op_types:
             if t in still:
                 rows.append((t, fix, "still divergent", how))
-            elif unsure:
-                rows.append((t, fix, "not verified", _not_shown(unsure[0], how)))
+            elif unsure is not None:
+                rows.append((t, fix, "not verified", _not_shown(unsure, how)))
             else:
                 rows.append((t, fix, "fixed", how))
     return pd.DataFrame(rows, columns=["op_type", "fix", "verdict", "detail"])
