@@ -119,8 +119,13 @@ def _call_like(op: OpInfo) -> bool:
     """A call, branch or loop, or a value a function returned that its caller recorded with the
     call's inputs: what it outputs, ops inside the function computed. Or an op inside a
     function whose record leaves an argument to the call's record: what it outputs, the
-    caller's ops computed too."""
-    return op.op_type in CALL_OPS or op.note in (RECORDED_BY_CALLER, ARGUMENT_BY_CALLER)
+    caller's ops computed too. An eager call of a traced function whose ops nddebug recorded
+    is one too."""
+    return (
+        op.op_type in CALL_OPS
+        or op.function == "instrumented"
+        or op.note in (RECORDED_BY_CALLER, ARGUMENT_BY_CALLER)
+    )
 
 
 def first_run_setup(findings: list[OpFinding], first_only: set[str]) -> set[str]:
@@ -687,13 +692,19 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     )
 
 
+#: In :func:`digest_flow`, where a differing value no finding output came from: outside the
+#: ops compared (Python, NumPy, a file), or through what no digest covers.
+OUTSIDE = "<outside the ops compared>"
+
+
 def digest_flow(
     findings: list[OpFinding], per_run_units: list[dict[Unit, Event]]
 ) -> dict[str, set[str]]:
     """Per finding, the findings whose differing outputs its first divergent execution read,
     by digest: a value that differs between runs, output by one finding's execution and among
-    another's recorded inputs in the same run, went from the one to the other. (A value equal
-    in every run links nothing: it could have come from anywhere.) Graph ops record on
+    another's recorded inputs in the same run, went from the one to the other; ``OUTSIDE``
+    where no finding output it. (A value equal in every run links nothing: it could have
+    come from anywhere.) Graph ops record on
     parallel threads, so the order their records arrive in (``first_seq``) need not be the
     order the value went in: an iterator's element arrived after the Relu that read it, and
     the Relu was named where the difference entered TensorFlow. Only the first divergent
@@ -706,10 +717,10 @@ def digest_flow(
     first: dict[str, Unit] = {}
     wanted: list[dict[tuple, list[str]]] = [defaultdict(list) for _ in per_run_units]
     for g in findings:
-        own = [u for u in g.divergent_units if u[0] >= 0] or g.divergent_units
-        if not own:
+        u = _first_unit(g.divergent_units)
+        if u is None:
             continue
-        u = first[g.key] = min(own, key=lambda x: (x[0], x[2]))
+        first[g.key] = u
         for r, v in _differing_slots([pu[u].inputs if u in pu else None for pu in per_run_units]):
             wanted[r][v].append(g.key)
     upstream: dict[str, set[str]] = {g.key: set() for g in findings}
@@ -726,15 +737,30 @@ def digest_flow(
                     made[f.key] = min(made.get(f.key, u[0]), u[0])
     for r, values in enumerate(wanted):
         for v, readers in values.items():
-            for key, call in producers[r].get(v, {}).items():
-                for g in readers:
+            for g in readers:
+                made_by = [
+                    key
+                    for key, call in producers[r].get(v, {}).items()
                     # Not from a later top-level call (calls run in order; within one, records
                     # arrive as threads decide), nor a read of the variable ``g`` writes: it
                     # outputs the value ``g`` wrote, it did not make it.
-                    later = call > first[g][0] >= 0
-                    if key != g and not later and not _reads_what_it_wrote(by_key[key], by_key[g]):
-                        upstream[g].add(key)
+                    if key != g
+                    and not call > first[g][0] >= 0
+                    and not _made_after(by_key[key].op, by_key[g].op)
+                    and not _reads_what_it_wrote(by_key[key], by_key[g])
+                ]
+                upstream[g].update(made_by or [OUTSIDE])
     return upstream
+
+
+def _made_after(producer: OpInfo, reader: OpInfo) -> bool:
+    """Whether ``producer`` was made after ``reader`` in the same function graph, so cannot
+    feed it: an op's inputs exist before it does, and ops are numbered as they are made. The
+    forward ``loss * s`` read ``s`` from Python, the gradient's ``1.0 * s`` output the same
+    bits, and the forward op was linked to it and called propagated. (Not eager ops, one per
+    site that a Python loop runs again and again, nor a TF1 graph, whose loops feed a merge
+    from an op made after it.)"""
+    return producer.graph == reader.graph not in ("", TF1_GRAPH) and producer.op_id > reader.op_id
 
 
 def _differing_slots(per_run: list[Any]) -> list[tuple[int, tuple]]:
@@ -1001,14 +1027,35 @@ def _entry_point(findings: list[OpFinding], flow: dict[str, set[str]] | None = N
     """Divergent ops but no source: the difference entered TensorFlow from outside (Python or
     NumPy values, files, iteration order that depends on PYTHONHASHSEED). The first op it
     reached is where to look: the first in arrival order among those that read no differing
-    value from another finding (``flow``, :func:`digest_flow`)."""
+    value from another finding (``flow``, :func:`digest_flow`). A batch that changed enters
+    through its features and its labels, a Python scale factor through each op that reads
+    it: every op of the same call that read a differing value no finding output is an entry
+    too (only the labels' ``Cast`` was named when a data order changed, and the model's
+    input was called propagated). Not one whose compared inputs were equal: a list or a
+    loop whose difference came in through what no digest covers only carries it."""
     if not findings or any(f.role in ("source", "control flow") for f in findings):
         return
     keys = {f.key for f in findings}
     roots = [f for f in findings if not f.after_write and not (flow or {}).get(f.key, set()) & keys]
     first = min(roots or findings, key=lambda f: f.first_seq)
-    first.role = "source"
-    first.entered = True
+    call = _first_call(first)
+    for f in findings:
+        outside = OUTSIDE in (flow or {}).get(f.key, ())
+        if f is first or (outside and not f.after_write and _first_call(f) == call):
+            f.role = "source"
+            f.entered = True
+
+
+def _first_unit(units: list[Unit]) -> Unit | None:
+    """The first of an op's executions: its own calls before executions no call claimed."""
+    own = [u for u in units if u[0] >= 0] or units
+    return min(own, key=lambda u: (u[0], u[2])) if own else None
+
+
+def _first_call(f: OpFinding) -> int:
+    """The top-level call of a finding's first divergent execution."""
+    u = _first_unit(f.divergent_units)
+    return UNATTRIBUTED if u is None else u[0]
 
 
 def _same_multiset(per_run_units: list[dict[Unit, Event]], units: list[Unit]) -> bool:

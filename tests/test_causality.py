@@ -10,6 +10,9 @@ the order that misled the analysis, so the passes are tested alone and determini
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from nddebug.analysis import align, compare_recordings, digest_flow, downstream
 from nddebug.recording import Event, OpInfo, Recording
 
@@ -129,3 +132,106 @@ def test_a_value_equal_in_every_run_links_nothing() -> None:
     roles = {f.op.op_type: f.role for f in compare_recordings(runs).findings}
     assert roles["Sum"] == "source", roles
     assert roles["TensorListGetItem"] == "propagated", roles
+
+
+def _program(spec: dict[int, tuple[str, str]], made: Any, order: list[int]) -> list[Recording]:
+    """Two runs of one program: ``spec`` is op id -> (key, op type), ops numbered as they
+    were made; ``made(run)`` gives op id -> (output digests, input digests) for that run;
+    records arrive in ``order``."""
+    runs = []
+    for run in (0, 1):
+        rec = Recording(label=f"run {run}", digest_algorithm="x", kind="run")
+        for op_id, (key, op_type) in spec.items():
+            rec.ops[op_id] = dataclasses.replace(_op(op_id, op_type), key=key, op_name=key)
+        values = made(run)
+        for seq, op_id in enumerate(order):
+            digests, inputs = values[op_id]
+            rec.events.append(Event(seq, op_id, 0, digests, inputs))
+        runs.append(rec)
+    return runs
+
+
+def test_an_op_made_later_in_the_graph_did_not_feed_an_earlier_one() -> None:
+    """Probe round 41, F2: ``loss * s`` with ``s`` a Python value. The gradient's ``1.0 * s``
+    outputs the bits of ``s``; the forward ``mul``, which read ``s`` where it came in, was
+    linked to it by digest and called propagated, and only the gradient op was named. An op
+    made after another in the same graph cannot feed it."""
+    spec = {0: ("f/mul", "Mul"), 1: ("f/grad/mul", "Mul"), 2: ("f/grad/Tile", "Tile")}
+
+    def made(run: int) -> dict[int, tuple[list[Any], list[Any]]]:
+        s, loss = (60 + run, 1), (70 + run, 1)
+        mean, one = (5, 5), (1, 1)  # equal in both runs
+        return {0: ([loss], [mean, s]), 1: ([s], [one, s]), 2: ([(80 + run, 1)], [s])}
+
+    findings = compare_recordings(_program(spec, made, [1, 2, 0])).findings
+    roles = {f.key: f.role for f in findings}
+    assert roles == {"f/mul": "source", "f/grad/mul": "source", "f/grad/Tile": "propagated"}
+    assert all(f.entered for f in findings if f.role == "source")
+
+
+def test_every_op_that_read_a_value_from_outside_in_the_first_call_is_an_entry() -> None:
+    """Probe round 41, F2b: a data order that changed made the features and the labels
+    differ. Only the labels' ``Cast`` was named (one entry point per comparison); the
+    model's input ``Cast`` was called propagated. An op that also reads a differing value
+    from another finding (``Sub`` reads the prediction) is still where the labels came in;
+    a loop whose compared inputs were equal, and the eager call whose ops are recorded, only
+    carry it."""
+    spec = {
+        0: ("f/Cast", "Cast"),
+        1: ("f/MatMul", "MatMul"),
+        2: ("f/Cast_1", "Cast"),
+        3: ("f/Sub", "Sub"),
+        4: ("f/while", "While"),
+        5: ("__inference_step_1", "__inference_step_1"),
+    }
+
+    def made(run: int) -> dict[int, tuple[list[Any], list[Any]]]:
+        x, y = (10 + run, 1), (20 + run, 1)
+        a, p, b, d = (30 + run, 1), (40 + run, 1), (50 + run, 1), (90 + run, 1)
+        return {
+            0: ([a], [x]),
+            1: ([p], [a, (3, 3)]),
+            2: ([b], [y]),
+            3: ([d], [p, y]),  # the labels read directly, and the prediction
+            4: ([(95 + run, 1)], [(4, 4)]),  # its list input is not compared
+            5: ([d], [x, y]),
+        }
+
+    runs = _program(spec, made, [3, 1, 2, 0, 4, 5])
+    for rec in runs:
+        rec.ops[5] = dataclasses.replace(rec.ops[5], graph="", function="instrumented")
+    roles = {f.key: f.role for f in compare_recordings(runs).findings}
+    sources = {k for k, role in roles.items() if role == "source"}
+    assert sources == {"f/Cast", "f/Cast_1", "f/Sub"}, roles
+
+
+def test_a_python_scale_factor_is_named_at_each_op_that_read_it() -> None:
+    """The same as the two tests above with real TensorFlow: two traced calls of a step whose
+    loss is scaled by a Python value, 1.0 and then 1.5. Both ops that read the value where it
+    came in are sources; the gradient ops after them only carry it."""
+    import tensorflow as tf
+
+    import nddebug
+
+    w = tf.Variable(tf.random.stateless_normal([4, 1], seed=[1, 2]))
+    start = w.numpy()
+    x = tf.random.stateless_normal([8, 4], seed=[3, 4])
+    y = tf.random.stateless_normal([8, 1], seed=[5, 6])
+
+    @tf.function
+    def step(x: Any, y: Any, s: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((x @ w - y) ** 2) * s
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    recs = []
+    for s in (1.0, 1.5):
+        w.assign(start)
+        with nddebug.trace() as rec:
+            step(x, y, tf.constant(s))
+        recs.append(rec)
+    findings = nddebug.compare(recs).comparison.findings
+    sources = {f.op.op_name for f in findings if f.role == "source"}
+    assert sources == {"mul", "gradient_tape/mul/Mul"}, [(f.op.op_name, f.role) for f in findings]
+    assert any(f.op.op_type == "AssignSubVariableOp" and f.role == "propagated" for f in findings)
