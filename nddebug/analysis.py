@@ -1032,7 +1032,9 @@ def _entry_point(findings: list[OpFinding], flow: dict[str, set[str]] | None = N
     it: every op of the same call that read a differing value no finding output is an entry
     too (only the labels' ``Cast`` was named when a data order changed, and the model's
     input was called propagated). Not one whose compared inputs were equal: a list or a
-    loop whose difference came in through what no digest covers only carries it."""
+    loop whose difference came in through what no digest covers only carries it, and so do
+    a call (its body's ops read what it passed on) and a record of ops grappler fuses that
+    holds another entry's inputs as its own (``_fused_chains``)."""
     if not findings or any(f.role in ("source", "control flow") for f in findings):
         return
     keys = {f.key for f in findings}
@@ -1041,9 +1043,11 @@ def _entry_point(findings: list[OpFinding], flow: dict[str, set[str]] | None = N
     call = _first_call(first)
     for f in findings:
         outside = OUTSIDE in (flow or {}).get(f.key, ())
-        if f is first or (outside and not f.after_write and _first_call(f) == call):
+        also = outside and not f.after_write and not _call_like(f.op) and _first_call(f) == call
+        if f is first or also:
             f.role = "source"
             f.entered = True
+    _fused_chains(findings)  # a record that holds an entry's inputs as its own only carries it
 
 
 def _first_unit(units: list[Unit]) -> Unit | None:
