@@ -726,41 +726,49 @@ def digest_flow(
     upstream: dict[str, set[str]] = {g.key: set() for g in findings}
     if not any(wanted):
         return upstream  # nothing read a differing value: no links
-    # Per run, per wanted value: the findings that output it, with the first call they did.
-    producers: list[dict[tuple, dict[str, int]]] = [defaultdict(dict) for _ in per_run_units]
+    # Per run, per wanted value: the findings that output it, with the executions that did.
+    producers: list[dict[tuple, dict[str, list[Unit]]]] = [defaultdict(dict) for _ in per_run_units]
     for f in findings:
         for u in f.divergent_units:
             outs = [pu[u].digests if u in pu else None for pu in per_run_units]
             for r, v in _differing_slots(outs):
                 if v in wanted[r]:
-                    made = producers[r][v]
-                    made[f.key] = min(made.get(f.key, u[0]), u[0])
+                    producers[r][v].setdefault(f.key, []).append(u)
     for r, values in enumerate(wanted):
         for v, readers in values.items():
             for g in readers:
                 made_by = [
                     key
-                    for key, call in producers[r].get(v, {}).items()
-                    # Not from a later top-level call (calls run in order; within one, records
-                    # arrive as threads decide), nor a read of the variable ``g`` writes: it
-                    # outputs the value ``g`` wrote, it did not make it.
+                    for key, units in producers[r].get(v, {}).items()
                     if key != g
-                    and not call > first[g][0] >= 0
-                    and not _made_after(by_key[key].op, by_key[g].op)
+                    and _could_feed(by_key[key].op, units, by_key[g].op, first[g])
+                    # Not a read of the variable ``g`` writes: it outputs the value ``g``
+                    # wrote, it did not make it.
                     and not _reads_what_it_wrote(by_key[key], by_key[g])
                 ]
                 upstream[g].update(made_by or [OUTSIDE])
     return upstream
 
 
-def _made_after(producer: OpInfo, reader: OpInfo) -> bool:
-    """Whether ``producer`` was made after ``reader`` in the same function graph, so cannot
-    feed it: an op's inputs exist before it does, and ops are numbered as they are made. The
-    forward ``loss * s`` read ``s`` from Python, the gradient's ``1.0 * s`` output the same
-    bits, and the forward op was linked to it and called propagated. (Not eager ops, one per
-    site that a Python loop runs again and again, nor a TF1 graph, whose loops feed a merge
-    from an op made after it.)"""
-    return producer.graph == reader.graph not in ("", TF1_GRAPH) and producer.op_id > reader.op_id
+def _could_feed(producer: OpInfo, made: list[Unit], reader: OpInfo, read: Unit) -> bool:
+    """Whether one of the executions ``made`` of ``producer`` could have fed execution
+    ``read`` of ``reader``. Not one from a later top-level call: calls run in order (within
+    one, records arrive as threads decide). Nor, for an op made after the reader in the same
+    function graph, one of the same or a later execution of that graph: an op's inputs exist
+    before it does, and ops are numbered as they are made. The forward ``loss * s`` read
+    ``s`` from Python, the gradient's ``1.0 * s`` output the same bits, and the forward op was
+    linked to it and called propagated. An earlier execution can (a loop's body feeds its
+    next iteration through the loop's variables). Eager ops, one per site that a Python loop
+    runs again and again, and a TF1 graph, whose loops feed a merge from an op made after
+    it, are linked by call alone."""
+    after = producer.graph == reader.graph not in ("", TF1_GRAPH) and producer.op_id > reader.op_id
+    for u in made:
+        if u[0] > read[0] >= 0:
+            continue
+        if after and u[0] == read[0] and u[2] >= read[2]:
+            continue
+        return True
+    return False
 
 
 def _differing_slots(per_run: list[Any]) -> list[tuple[int, tuple]]:

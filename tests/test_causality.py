@@ -146,7 +146,7 @@ def _program(spec: dict[int, tuple[str, str]], made: Any, order: list[int]) -> l
         values = made(run)
         for seq, op_id in enumerate(order):
             digests, inputs = values[op_id]
-            rec.events.append(Event(seq, op_id, 0, digests, inputs))
+            rec.events.append(Event(seq, op_id, -1, digests, inputs))
         runs.append(rec)
     return runs
 
@@ -167,6 +167,30 @@ def test_an_op_made_later_in_the_graph_did_not_feed_an_earlier_one() -> None:
     roles = {f.key: f.role for f in findings}
     assert roles == {"f/mul": "source", "f/grad/mul": "source", "f/grad/Tile": "propagated"}
     assert all(f.entered for f in findings if f.role == "source")
+
+
+def test_an_op_made_later_in_a_loop_body_feeds_the_next_iteration() -> None:
+    """The rule above within one execution of a graph only: a loop's body hands what an op
+    made late in it output to the ops at its top in the next iteration (the loop's
+    variables). Here ``next`` reads a value from outside in every iteration, and ``top``
+    reads, from the second iteration on, what ``next`` output in the one before: it only
+    carries the difference."""
+    runs = []
+    for run in (0, 1):
+        rec = Recording(label=f"run {run}", digest_algorithm="x", kind="run")
+        for op_id, op_type in ((0, "Tanh"), (1, "Mul")):
+            rec.ops[op_id] = dataclasses.replace(
+                _op(op_id, op_type), key=f"body/{op_type}", graph="body"
+            )
+        h, x = (5, 5), (60 + run, 1)  # the loop's start value is equal, x is not
+        for it in range(3):
+            top = (70 + 10 * it + run, 1) if it else (6, 6)
+            rec.events.append(Event(2 * it, 0, -1, [top], [h]))
+            h = (100 + 10 * it + run, 1)
+            rec.events.append(Event(2 * it + 1, 1, -1, [h], [top, x]))
+        runs.append(rec)
+    roles = {f.key: f.role for f in compare_recordings(runs).findings}
+    assert roles == {"body/Mul": "source", "body/Tanh": "propagated"}, roles
 
 
 def test_every_op_that_read_a_value_from_outside_in_the_first_call_is_an_entry() -> None:
