@@ -27,6 +27,7 @@ from nddebug.recording import (
     DATASET_PASSES,
     DATASET_STAGES,
     EMULATION_SCOPE,
+    INTEGER_OUTPUTS,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
@@ -1198,10 +1199,13 @@ def _unseen_ops(inside: list[str], device: str) -> tuple[list[str], list[str]]:
         for t in inside
         if t.endswith(("(unseeded)", "(random)"))
     )
-    known = sorted(
-        {t for t in inside if (c := knowledge.lookup(t, device)) is not None and c.kind != "random"}
-    )
-    return random, known
+    known = set()
+    for t in inside:
+        op_type = t.removesuffix(INTEGER_OUTPUTS)
+        c = knowledge.lookup(op_type, device)
+        if c is not None and c.kind != "random" and not (c.integer_outputs_exact and op_type != t):
+            known.add(op_type)  # not sums of integers, the same in any order
+    return random, sorted(known)
 
 
 def _behind_data_functions(f: OpFinding, device: str) -> None:
@@ -1211,7 +1215,7 @@ def _behind_data_functions(f: OpFinding, device: str) -> None:
     loop's body was blamed on "the input pipeline" and the advice was to seed the shuffle."""
     inside = f.op.attrs.get(PIPELINE_OPS, [])
     random, known = _unseen_ops(inside, device)
-    writes = sorted({t for t in inside if WRITER.match(t)})
+    writes = sorted({t.removesuffix(INTEGER_OUTPUTS) for t in inside if WRITER.match(t)})
     if not (random or known or writes):
         return
     held = []

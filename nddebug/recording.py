@@ -108,6 +108,11 @@ WRITER = re.compile(
 #: types the tf.data functions behind it run (as ``tracer.opaque.ops_inside`` lists them),
 #: which nddebug does not record.
 PIPELINE_OPS = "pipeline_ops"
+#: The suffix of an op type in such a list (``ops_inside``, ``PIPELINE_OPS``) whose outputs
+#: are integers or booleans (its ``T`` or ``dtype`` attribute): an unweighted bincount of
+#: ``tf.strings.split``'s row lengths sums counts, the same in any order (knowledge:
+#: ``integer_outputs_exact``).
+INTEGER_OUTPUTS = "(integer)"
 #: OpInfo.attrs key of an eager ``MakeIterator``: per iterator it bound (its identity, as
 #: ``OpInfo.resource`` names it), what in the dataset can make the elements differ between
 #: runs (a parallel map with deterministic=False, an unseeded shuffle, Python code), one

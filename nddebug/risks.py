@@ -15,6 +15,7 @@ from typing import Any
 from nddebug import knowledge
 from nddebug.recording import (
     ACCUMULATED_SUM,
+    INTEGER_OUTPUTS,
     PARALLEL_RANDOM,
     PIPELINE_OPS,
     PIPELINE_READERS,
@@ -51,6 +52,12 @@ class Risk:
 def _all_integer(dtypes: list[str]) -> bool:
     """Whether every output is an integer or boolean (by dtype name: no TensorFlow here)."""
     return bool(dtypes) and all(d == "bool" or d.startswith(("int", "uint")) for d in dtypes)
+
+
+def _integer_as_type(t: str) -> str:
+    """An op type of ``ops_inside`` with integer outputs as its type (a risk all the same
+    where its knowledge entry does not say integers are exact)."""
+    return t.removesuffix(INTEGER_OUTPUTS)
 
 
 def _device(op: Any, env: dict[str, Any]) -> str:
@@ -93,13 +100,19 @@ def known_risks(
             # The op, then the kernels recorded with it as one unit (OpInfo.fused): they ran
             # too, their outputs were only not digested apart; a key names each.
             members = [(op.key, op.op_type, op.op_name), *((k, t, k) for k, t in op.fused.items())]
+            # Ops unseen inside a call or a dataset's functions whose outputs are integers.
+            integer_inside = {
+                f"{op.key} > {t.removesuffix(INTEGER_OUTPUTS)}"
+                for t in [*op.attrs.get("ops_inside", []), *op.attrs.get(PIPELINE_OPS, [])]
+                if t.endswith(INTEGER_OUTPUTS)
+            }
             if op.function == "uninstrumented":
                 # A call of a function traced before the block: its ops ran unseen, but what
                 # they are is known (OpInfo.attrs["ops_inside"]); a known culprit among them
                 # is a risk of the call (and under emulate_gpu() it was not emulated).
                 members += [
                     (f"{op.key} > {t}", t, f"{t} inside {op.op_name or op.op_type}")
-                    for t in op.attrs.get("ops_inside", [])
+                    for t in map(_integer_as_type, op.attrs.get("ops_inside", []))
                     if "(" not in t
                 ]
             if op.op_type in PIPELINE_READERS:
@@ -108,7 +121,7 @@ def known_risks(
                 # holds, for that op (the datasets behind it list them too).
                 members += [
                     (f"{op.key} > {t}", t, f"{t} in a tf.data function behind {op.op_type}")
-                    for t in op.attrs.get(PIPELINE_OPS, [])
+                    for t in map(_integer_as_type, op.attrs.get(PIPELINE_OPS, []))
                     if "(" not in t
                 ]
             if op.attrs.get("races_with") and op.key not in seen and race is not None:
@@ -160,7 +173,9 @@ def known_risks(
                 culprit = knowledge.lookup(op_type, device)
                 if culprit is None or culprit.kind not in KERNEL_KINDS:
                     continue
-                if culprit.integer_outputs_exact and key == op.key and _all_integer(op.dtypes):
+                if culprit.integer_outputs_exact and (
+                    (key == op.key and _all_integer(op.dtypes)) or key in integer_inside
+                ):
                     continue  # sums of integers: the same in any order
                 here = knowledge.device_kind(device) or "CPU"
                 on_device = culprit.device in (here, "any")

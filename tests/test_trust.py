@@ -104,6 +104,35 @@ def test_integer_sums_of_an_order_culprit_are_no_risk() -> None:
     assert report.ok and report.risks.empty, str(report)
 
 
+def test_integer_sums_inside_a_function_traced_before_the_check_are_no_risk() -> None:
+    """Probe round 42, F3: the same counts inside a function traced before the check (its ops
+    run unseen; what they are is read from its graph) were a risk, so a reproducible step
+    that splits strings (TextVectorization, tf.strings.split) was "NOT shown reproducible"
+    and `nddebug run` exited 1. Weighted float bins inside such a function stay one."""
+    words = tf.constant(["a bb ccc", "dddd", "e ff"] * 50)
+    w = tf.Variable(tf.zeros([150]))
+
+    @tf.function
+    def split(words):
+        w.assign_add(tf.cast(tf.strings.split(words).row_lengths(), tf.float32))
+
+    @tf.function
+    def weighted(values):
+        w.assign_add(
+            tf.math.bincount(values, weights=tf.sin(tf.cast(values, tf.float32)), minlength=150)
+        )
+
+    values = tf.constant(np.arange(3000) % 150, tf.int32)
+    split(words)  # traced before the check: an opaque call inside it
+    weighted(values)
+    report = nddebug.check(lambda: split(words), state=w, repeats=2, confirm=0)
+    inside = report.recordings[0].ops
+    assert any("DenseBincount(integer)" in op.attrs.get("ops_inside", []) for op in inside.values())
+    assert report.ok and report.risks.empty, str(report)
+    weighted_report = nddebug.check(lambda: weighted(values), state=w, repeats=2, confirm=0)
+    assert list(weighted_report.risks["op_type"]) == ["DenseBincount"], str(weighted_report)
+
+
 def test_bound_pass() -> None:
     assert rule_out_bound(1) is None
     assert rule_out_bound(6) == pytest.approx(0.393, abs=1e-3)

@@ -17,7 +17,7 @@ from typing import Any
 
 from nddebug import digest as dg
 from nddebug import knowledge
-from nddebug.recording import NOT_COMPARED, RANDOM_OPS, WRITER, XLA_NOTE
+from nddebug.recording import INTEGER_OUTPUTS, NOT_COMPARED, RANDOM_OPS, WRITER, XLA_NOTE
 from nddebug.tracer import ops, optimized_sums, plain, unneeded
 from nddebug.tracer.registry import REGISTRY, busy, inside_nddebug
 
@@ -60,7 +60,8 @@ def ops_inside(name: str, graph: Any = None) -> tuple[str, ...]:
     """The op types a function runs, with those of the functions it calls (branches, loop
     bodies): what can be said of an opaque call without seeing it run. Stateful random ops
     are listed as ``<type>(random)`` or ``<type>(unseeded)``: seeded or not, they advance on
-    every call. ``graph``: the graph whose library holds the function (a tf.data function or
+    every call; an op with integer outputs as ``<type>(integer)`` (``INTEGER_OUTPUTS``).
+    ``graph``: the graph whose library holds the function (a tf.data function or
     a loop body is added to the context only when that graph's function is); looked up
     anew, so that no graph is kept alive by a cache."""
     return _ops_inside(name, graph) if graph is not None else _ops_inside_cached(name)
@@ -69,6 +70,17 @@ def ops_inside(name: str, graph: Any = None) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1024)
 def _ops_inside_cached(name: str) -> tuple[str, ...]:
     return _ops_inside(name, None)
+
+
+def _integer_outputs(node: Any) -> bool:
+    """Whether a node's output type attribute (``T``, else ``dtype``) is an integer or bool."""
+    from tensorflow.python.framework import dtypes
+
+    for name in ("T", "dtype"):
+        if name in node.attr and node.attr[name].HasField("type"):
+            dtype = dtypes.as_dtype(node.attr[name].type)
+            return dtype.is_integer or dtype.is_bool
+    return False
 
 
 def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
@@ -90,6 +102,8 @@ def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
             if op in RANDOM_OPS:
                 seeded = node.attr["seed"].i or node.attr["seed2"].i
                 found.add(f"{op}(random)" if seeded else f"{op}(unseeded)")
+            elif _integer_outputs(node):
+                found.add(f"{op}{INTEGER_OUTPUTS}")
             else:
                 found.add(op)
             # Calls, branches, loop bodies, a tf.data op's functions (a generator's Python
