@@ -1514,7 +1514,9 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
     for f in findings:
         op = f.op
         if f.role == "source" and _xla_counter_draws(f):
-            f.kind = "seeded stream"
+            random, _ = _unseen_ops(f.op.attrs.get("ops_inside", []), f.op.device)
+            unseeded = [t.removesuffix(" (no seed)") for t in random if t.endswith("(no seed)")]
+            f.kind = "compiled stream"
             f.explanation = (
                 "an XLA-compiled function with stateful random ops inside: XLA ignores their "
                 "seeds and draws from a counter of the process that every call advances, so "
@@ -1522,6 +1524,12 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
                 "on the CPU); not non-determinism, but what it feeds could not be compared. "
                 "check() compared the step with XLA off too"
             )
+            if unseeded:
+                f.explanation += (
+                    f" ({', '.join(unseeded)} without a seed: the same under XLA, but with "
+                    "XLA off each would draw other numbers in every process: seed them before "
+                    "turning XLA off)"
+                )
             continue
         if f.role != "source" or op.graph or not seeded_random(op):
             continue
@@ -1549,9 +1557,10 @@ def _xla_counter_draws(f: OpFinding) -> bool:
     if f.op.function != "xla" or f.kind != "random":
         return False
     random, known = _unseen_ops(f.op.attrs.get("ops_inside", []), f.op.device)
-    # Only seeded ops: an unseeded one draws from the same counter under XLA, but with XLA
-    # off (as check() also runs it) it is a random source, and the advice to seed it holds.
-    return bool(random) and not known and not any(t.endswith("(no seed)") for t in random)
+    # Unseeded ops too (probe round 42, F1): XLA draws them from the same counter, and fresh
+    # processes agreed bit for bit, seeded or not; with XLA off (as check() also runs it)
+    # an unseeded one is a random source, which that comparison names.
+    return bool(random) and not known
 
 
 def _dataset_passes(recordings: list[Recording]) -> dict[str, tuple[str, list[str]]]:

@@ -48,6 +48,7 @@ KINDS = (
     "unordered updates",
     "seeded stream",
     "seeded pass",
+    "compiled stream",
 )
 #: Kinds of sources that are not one op: calls nddebug cannot see inside, and work that other
 #: threads did. [advice] has a text for each, besides the culprit kinds.

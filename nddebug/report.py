@@ -94,7 +94,7 @@ MODES = {
 
 #: Kinds of sources that differ in runs repeated in one process by design, not between fresh
 #: processes: the verdict says what they kept from being compared, not "NOT reproducible".
-_BY_DESIGN = ("seeded stream", "seeded pass")
+_BY_DESIGN = ("seeded stream", "seeded pass", "compiled stream")
 
 
 class Report:
@@ -305,9 +305,14 @@ class Report:
             return "NOT checked"
         sources = [f for f in c.findings if f.role == "source"]
         streams_only = self._by_design_only()
+        ac = self.as_compiled
+        if ac is not None and ac._by_design_only() and self._compiled_random_only():
+            # As compiled, only XLA's counter draws differed; with XLA off, only random ops
+            # (unseeded there, a source; under XLA the same counter draws): the program the
+            # user runs showed nothing else. The rows of both stay.
+            return ac.verdict
         if (c.findings and not streams_only) or c.paths or self._compiled_differs():
             return "NOT reproducible"
-        ac = self.as_compiled
         if not c.findings and ac is not None and ac._by_design_only():
             # With XLA off nothing differed; as compiled, only by design (analysis:
             # _xla_counter_draws): the compiled program's own verdict says what was not
@@ -320,6 +325,8 @@ class Report:
             return "NOT compared: a seeded shuffle began a new pass in every run"
         if streams_only and any(f.kind == "seeded pass" for f in sources):
             return "NOT compared: seeded random ops and a seeded shuffle moved on in every run"
+        if streams_only and all(f.kind == "compiled stream" for f in sources):
+            return "NOT compared: XLA-compiled random ops drew on from the process's counter"
         if streams_only:
             # Not non-determinism (analysis._seeded_streams), but nothing it fed was compared.
             return "NOT compared: seeded random ops drew further on in their streams"
@@ -348,6 +355,15 @@ class Report:
             bool(sources)
             and all(f.kind in _BY_DESIGN for f in sources)
             and not any(f.role == "control flow" for f in c.findings)
+        )
+
+    def _compiled_random_only(self) -> bool:
+        """With XLA off (check() of an XLA step), whether every source is a random op, or
+        nothing differed, and the runs took one path."""
+        c = self.comparison
+        return not c.paths and all(
+            f.role == "propagated" or (f.role == "source" and f.kind == "random")
+            for f in c.findings
         )
 
     def _compiled_risky(self) -> bool:

@@ -388,12 +388,29 @@ def test_xla_random_ops_drawing_on_a_process_counter_are_a_stream_not_a_source()
         w.assign_sub(0.01 * tape.gradient(loss, w))
         return loss
 
+    drew_on = "NOT compared: XLA-compiled random ops drew on from the process's counter"
     report = nddebug.check(step, x, state=w, repeats=3)
-    assert report.verdict == "NOT compared: seeded random ops drew further on in their streams"
+    assert report.verdict == drew_on, str(report)
     assert not report.ok
-    assert set(report.sources["kind"]) == {"seeded stream"}, str(report)
+    assert set(report.sources["kind"]) == {"compiled stream"}, str(report)
     assert not any(fix.startswith("Seed it") for fix in report.sources["fix"]), str(report)
     tf.random.set_seed(None)
+
+    # With no seed at all the same (probe round 42, F1: fresh processes agreed bit for bit,
+    # seeded or not): the compiled program as the user runs it is not said to differ. With
+    # XLA off the op is a random source, and its row says to seed it.
+    @tf.function(jit_compile=True)
+    def noisy(x):
+        w.assign_sub(0.01 * tf.transpose(x) @ (x @ w * tf.random.uniform([16, 4])))
+        return tf.reduce_sum(w)
+
+    report = nddebug.check(noisy, x, state=w, repeats=3)
+    assert report.verdict == drew_on, str(report)
+    compiled = report.sources[report.sources["program"] == "as compiled (XLA)"]
+    assert list(compiled["kind"]) == ["compiled stream"], str(report)
+    assert "without a seed" in compiled["explanation"].iloc[0], str(report)
+    xla_off = report.sources[report.sources["program"] == "XLA off"]
+    assert list(xla_off["op_type"]) == ["RandomUniform"], str(report)
 
     def unseeded(x):
         return step(x) + tf.reduce_sum(tf.random.uniform([64]))
