@@ -1521,8 +1521,7 @@ def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> N
                 "an XLA-compiled function with stateful random ops inside: XLA ignores their "
                 "seeds and draws from a counter of the process that every call advances, so "
                 "the runs drew different numbers while fresh processes draw the same (seen "
-                "on the CPU); not non-determinism, but what it feeds could not be compared. "
-                "check() compared the step with XLA off too"
+                "on the CPU); not non-determinism, but what it feeds could not be compared"
             )
             if unseeded:
                 f.explanation += (

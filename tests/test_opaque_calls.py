@@ -93,7 +93,9 @@ def test_check_of_an_xla_step_checks_it_as_compiled_then_names_the_op_with_xla_o
     assert not report.ok
     df = report.culprits
     compiled = df[(df.program == "as compiled (XLA)") & (df.role == "source")]
-    assert list(compiled.kind) == ["random"], str(report)
+    # Its random op has no seed; XLA draws it from the process's counter all the same, so
+    # fresh processes agree (probe round 42, F1): not a random source as compiled.
+    assert list(compiled.kind) == ["compiled stream"], str(report)
     assert compiled.iloc[0].op_type.startswith("__inference_update")
     xla_off = df[(df.program == "XLA off") & (df.role == "source")]
     assert list(xla_off.op_type) == ["RandomUniform"], str(report)
