@@ -1193,18 +1193,23 @@ def _explain_opaque(f: OpFinding, device: str) -> None:
 
 def _unseen_ops(inside: list[str], device: str) -> tuple[list[str], list[str]]:
     """Of the op types of code nddebug did not record (``opaque.ops_inside``): its stateful
-    random ops, and the others the knowledge base lists for this device."""
+    random ops, and the others the knowledge base lists as culprits on this device (a CPU
+    run's GPU culprits made an XLA call's counter draws look like a kernel's, probe round 42,
+    F2)."""
     random = sorted(
         t.replace("(unseeded)", " (no seed)").replace("(random)", "")
         for t in inside
         if t.endswith(("(unseeded)", "(random)"))
     )
+    here = knowledge.device_kind(device) or "CPU"
     known = set()
     for t in inside:
         op_type = t.removesuffix(INTEGER_OUTPUTS)
         c = knowledge.lookup(op_type, device)
-        if c is not None and c.kind != "random" and not (c.integer_outputs_exact and op_type != t):
-            known.add(op_type)  # not sums of integers, the same in any order
+        if c is None or c.kind == "random" or c.device not in (here, "any"):
+            continue  # a GPU culprit inside a call that ran on the CPU explains nothing here
+        if not (c.integer_outputs_exact and op_type != t):  # sums of integers: in any order
+            known.add(op_type)
     return random, sorted(known)
 
 

@@ -400,6 +400,9 @@ def check(
     # Keras SeedGenerator, metrics built in the first step): found as the runs go, put back
     # with the rest (tracer.unheld).
     unheld = UnheldVariables(lambda: held_identities(keeper.variables))
+    # What the runs moved on for good (XLA's random counter): said as a Python warning too,
+    # for a DeterminismCheck whose training goes on from there (probe round 42, F2).
+    moved_on: list[str] = []
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
     per_run_made: set[int] | None = None  # variables made by runs after the warm-up (one_run)
     # With seed=: Keras's global SeedGenerator as the warm-up made it. Seeding drops it, and
@@ -500,6 +503,7 @@ def check(
         if xla_random and xla_random not in warnings:
             warnings.append(xla_random)
             warm.warnings.append(xla_random)
+            moved_on.append(xla_random)
         passes = _passes_note(warm, first_new_id)
         if passes and passes not in warnings:
             warnings.append(passes)
@@ -703,6 +707,8 @@ def check(
         py_warnings.warn(_reordered_note(keeper.reordered), stacklevel=2)
     failed = unheld.restore()
     streams.restore()
+    for note in moved_on:
+        py_warnings.warn(note, stacklevel=2)
     if failed:
         py_warnings.warn(
             "nddebug.check() could not put back these variables that state= does not hold as "

@@ -101,10 +101,12 @@ def known_risks(
             # too, their outputs were only not digested apart; a key names each.
             members = [(op.key, op.op_type, op.op_name), *((k, t, k) for k, t in op.fused.items())]
             # Ops unseen inside a call or a dataset's functions whose outputs are integers.
+            unseen = [*op.attrs.get("ops_inside", []), *op.attrs.get(PIPELINE_OPS, [])]
             integer_inside = {
                 f"{op.key} > {t.removesuffix(INTEGER_OUTPUTS)}"
-                for t in [*op.attrs.get("ops_inside", []), *op.attrs.get(PIPELINE_OPS, [])]
-                if t.endswith(INTEGER_OUTPUTS)
+                for t in unseen
+                # Not where the same type also runs with other outputs (float bins).
+                if t.endswith(INTEGER_OUTPUTS) and t.removesuffix(INTEGER_OUTPUTS) not in unseen
             }
             if op.function == "uninstrumented":
                 # A call of a function traced before the block: its ops ran unseen, but what

@@ -108,7 +108,8 @@ def test_integer_sums_inside_a_function_traced_before_the_check_are_no_risk() ->
     """Probe round 42, F3: the same counts inside a function traced before the check (its ops
     run unseen; what they are is read from its graph) were a risk, so a reproducible step
     that splits strings (TextVectorization, tf.strings.split) was "NOT shown reproducible"
-    and `nddebug run` exited 1. Weighted float bins inside such a function stay one."""
+    and `nddebug run` exited 1. Weighted float bins inside such a function stay one, also
+    beside counts."""
     words = tf.constant(["a bb ccc", "dddd", "e ff"] * 50)
     w = tf.Variable(tf.zeros([150]))
 
@@ -117,9 +118,11 @@ def test_integer_sums_inside_a_function_traced_before_the_check_are_no_risk() ->
         w.assign_add(tf.cast(tf.strings.split(words).row_lengths(), tf.float32))
 
     @tf.function
-    def weighted(values):
+    def weighted(values):  # counts and float bins: the float ones are a risk
+        counts = tf.cast(tf.math.bincount(values, minlength=150), tf.float32)
         w.assign_add(
             tf.math.bincount(values, weights=tf.sin(tf.cast(values, tf.float32)), minlength=150)
+            + counts
         )
 
     values = tf.constant(np.arange(3000) % 150, tf.int32)
