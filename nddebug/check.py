@@ -561,6 +561,10 @@ def check(
             warnings.append(TRACED_UNSEEDED_NOTE.format(ops=", ".join(traced_unseeded[:4])))
             for rec in runs:
                 rec.warnings.append(warnings[-1])
+        if mode == "rerun" and _uses_xla(fn, models):
+            warnings.append(RERUN_XLA_NOTE)
+            for rec in runs:
+                rec.warnings.append(warnings[-1])
         if seed is not None and _seeded_kernels(warm):
             warnings.append(SEED_RESETS_KERNELS_NOTE)
             for rec in runs:
@@ -678,6 +682,8 @@ def check(
                 if as_compiled is not None:
                     report.program = "XLA off"
                     report.as_compiled = as_compiled
+                elif _uses_xla(fn, models):
+                    report.program = "XLA off"  # rerun mode: RERUN_XLA_NOTE
             else:
                 report = as_compiled
     except BaseException as exc:
@@ -747,6 +753,13 @@ SEEDED_EMULATION_NOTE = (
     "emulation's random masks among them, so every run replays the same emulated order and "
     "its divergence cannot show. Seed the program yourself (before building the model) and "
     "check without seed= when emulating."
+)
+#: Said for check(mode="rerun") of an XLA step (probe round 42, F4: "reproducible", with
+#: nothing that said the compiled program was not checked).
+RERUN_XLA_NOTE = (
+    NOT_COMPARED + "the step as compiled (XLA): rerun mode re-executes the ops one by one, "
+    "which it can only do with XLA off, so it checked that program, not the compiled one you "
+    "run. nddebug.check(..., mode='repeat') checks the step as compiled first."
 )
 #: Said when check(seed=...) ran a step with seeded stateful random ops.
 SEED_RESETS_KERNELS_NOTE = (

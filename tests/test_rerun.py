@@ -123,6 +123,27 @@ def test_rerun_mode_says_what_it_cannot_re_execute() -> None:
     assert nddebug.check(clean, tf.ones([8]), state=[w], mode="rerun").ok
 
 
+def test_rerun_mode_of_an_xla_step_says_the_compiled_program_was_not_checked() -> None:
+    """Probe round 42, F4: rerun mode switches XLA off to re-execute the ops one by one, and
+    said "reproducible" with no word that the compiled program the user runs was not
+    checked. Repeat mode checks it as compiled first and can say "reproducible"."""
+    w = tf.Variable(tf.random.stateless_normal([8, 3], seed=[1, 2]))
+    x = tf.constant(np.random.default_rng(0).random((4, 8), dtype=np.float32))
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        h = x @ w
+        w.assign_sub(0.01 * tf.matmul(x, h, transpose_a=True))
+        return tf.reduce_sum(h)
+
+    report = nddebug.check(step, x, state=[w], mode="rerun")
+    assert report.verdict == "no difference seen, but not everything compared", str(report)
+    assert report.program == "XLA off", report.program
+    assert any("step as compiled (XLA)" in line for line in report.not_compared), str(report)
+    repeat = nddebug.check(step, x, state=[w], mode="repeat")
+    assert repeat.ok and repeat.program == "as compiled (XLA)", str(repeat)
+
+
 @pytest.mark.parametrize("draw", ["numpy", "python"])
 def test_rerun_mode_says_an_eager_step_drew_from_pythons_random_state(draw: str) -> None:
     """An eager step fed by NumPy's (or Python's) unseeded global random state: two plain
