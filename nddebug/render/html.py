@@ -74,7 +74,11 @@ def _render(report: Report) -> str:
     s = report.summary
     cls = "verdict-ok" if report.ok else "verdict-bad"
     if s["mode"] == "rerun":
-        runs = f"one step, each stateless op executed {s['runs']} times"
+        runs = (
+            "one step, no op re-executed"  # see not_compared
+            if s["runs"] < 2
+            else f"one step, each stateless op executed {s['runs']} times"
+        )
         per_run = "executions"
     else:
         runs, per_run = f"{s['runs']} runs", "executions per run"

@@ -60,7 +60,11 @@ def render(report: Report) -> str:
 
 def _render(report: Report) -> str:
     s = report.summary
-    if s["mode"] == "rerun":
+    if s["mode"] == "rerun" and s["runs"] < 2:  # nothing re-executed (see not_compared)
+        head = (
+            f"nddebug: {s['verdict']} — one step, no op re-executed, {s['ops_traced']} ops traced"
+        )
+    elif s["mode"] == "rerun":
         head = (
             f"nddebug: {s['verdict']} — one step, each stateless op executed {s['runs']} times "
             f"on the same inputs, {s['ops_traced']} ops traced, "
