@@ -24,6 +24,7 @@ from nddebug.recording import (
     ACCUMULATED_SUM,
     ARGUMENT_BY_CALLER,
     CALL_OPS,
+    CALL_WRITES,
     DATASET_PASSES,
     DATASET_STAGES,
     EMULATION_SCOPE,
@@ -847,16 +848,19 @@ def _state_propagation(
     # each call of each run (run, call): "any update before u" is "the first one before u".
     first_write: dict[str, dict[tuple[int, int | None], int]] = defaultdict(dict)
     for f in findings:
-        if not f.op.resource or f.op.op_type in STATE_READERS:
-            continue
+        # An update, or a call nddebug does not see into that writes variables it captures.
+        written = list(f.op.attrs.get(CALL_WRITES, []))
+        if f.op.resource and f.op.op_type not in STATE_READERS:
+            written.append(f.op.resource)
         # Every divergent update counts, whatever its role: a source's later updates
         # differ because of its first one, and they change the variable all the same.
-        firsts = first_write[f.op.resource]
-        for w in f.divergent_units or f.units:
-            for r, seqs in enumerate(run_seqs):
-                if w in seqs:
-                    for at in ((r, None), (r, w[0])):
-                        firsts[at] = min(firsts.get(at, seqs[w]), seqs[w])
+        for resource in written:
+            firsts = first_write[resource]
+            for w in f.divergent_units or f.units:
+                for r, seqs in enumerate(run_seqs):
+                    if w in seqs:
+                        for at in ((r, None), (r, w[0])):
+                            firsts[at] = min(firsts.get(at, seqs[w]), seqs[w])
 
     def written_before(f: OpFinding, u: Unit) -> bool:
         """Whether a divergent update of ``f``'s variable ran before execution ``u`` in a

@@ -108,6 +108,12 @@ WRITER = re.compile(
 #: types the tf.data functions behind it run (as ``tracer.opaque.ops_inside`` lists them),
 #: which nddebug does not record.
 PIPELINE_OPS = "pipeline_ops"
+#: OpInfo.attrs key of an eager call nddebug does not see into (XLA-compiled, or traced before
+#: the block): the identities (as OpInfo.resource names them) of the variables it captures,
+#: whose values after the call it outputs. A read of one after a divergent call only carries
+#: the difference (a read of the weights after an XLA step was named the source, "changed
+#: outside the traced block", probe round 43, F1).
+CALL_WRITES = "writes"
 #: The suffix of an op type in such a list (``ops_inside``, ``PIPELINE_OPS``) whose outputs
 #: are integers or booleans (its ``T`` or ``dtype`` attribute): an unweighted bincount of
 #: ``tf.strings.split``'s row lengths sums counts, the same in any order (knowledge:

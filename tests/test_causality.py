@@ -259,3 +259,39 @@ def test_a_python_scale_factor_is_named_at_each_op_that_read_it() -> None:
     sources = {f.op.op_name for f in findings if f.role == "source"}
     assert sources == {"mul", "gradient_tape/mul/Mul"}, [(f.op.op_name, f.role) for f in findings]
     assert any(f.op.op_type == "AssignSubVariableOp" and f.role == "propagated" for f in findings)
+
+
+def test_a_read_of_what_an_xla_call_wrote_only_carries_its_difference() -> None:
+    """Probe round 43, F1: a training loop that reads its weights after an XLA-compiled step
+    (a hash, a checkpoint) had those reads named the sources, "changed outside the traced
+    block", and the compiled call that read the differing batch called propagated. The call
+    writes the variables it captures (their values after it are its outputs): a read of one
+    after a divergent call only carries the difference."""
+    import tensorflow as tf
+
+    import nddebug
+
+    w = tf.Variable(tf.random.stateless_normal([8, 3], seed=[1, 2]))
+    start = w.numpy()
+
+    @tf.function(jit_compile=True)
+    def step(x: Any) -> Any:
+        h = x @ w
+        w.assign_sub(0.01 * tf.matmul(x, h, transpose_a=True))
+        return tf.reduce_sum(h)
+
+    x = tf.random.stateless_normal([4, 8], seed=[3, 4])
+    step(x)  # compiled before the blocks, as a loop's first step is
+    recs = []
+    for scale in (1.0, 1.001):
+        w.assign(start)
+        with nddebug.trace() as rec:
+            step(x * scale)
+            w.numpy()  # the weights read after the step
+        recs.append(rec)
+    findings = nddebug.compare(recs).comparison.findings
+    roles = {(f.op.op_type, f.role) for f in findings}
+    reads = [f for f in findings if f.op.op_type == "ReadVariableOp"]
+    assert reads and all(f.role == "propagated" for f in reads), roles
+    sources = [f for f in findings if f.role == "source"]
+    assert sources and all(f.op.op_type != "ReadVariableOp" for f in sources), roles

@@ -16,6 +16,7 @@ from nddebug import digest as dg
 from nddebug import native
 from nddebug.recording import (
     BATCHES_PER_CALL,
+    CALL_WRITES,
     DATASET_PASSES,
     DATASET_STAGES,
     NOT_COMPARED,
@@ -387,6 +388,10 @@ def on_eager(rec: Any, op_type: str, inputs: Any, attrs: Any, outputs: Any) -> N
             k = keras_steps_per_execution()
             if k:
                 rec.recording.ops[op_id].attrs[BATCHES_PER_CALL] = k
+        if variables:
+            rec.recording.ops[op_id].attrs[CALL_WRITES] = [
+                ops.eager_identity(h) for h, _ in variables
+            ]
         if function == "xla":
             rec.recording.ops[op_id].attrs["ops_inside"] = list(opaque.ops_inside(op_type))
             rec.xla_functions.add(op_type)
