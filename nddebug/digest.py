@@ -378,14 +378,24 @@ def eager_digests_fn(specs: tuple[tuple[Any, tuple[int, ...]], ...], use_matmul:
     return _digests
 
 
-@functools.cache
+_gpu_known: list[bool] = []
+
+
 def gpu_present() -> bool:
     """Graph ops are placed after tracing, so the kernel path is chosen once per process (the
     devices are fixed once TensorFlow's runtime has started, so the answer is kept: it is
-    asked per op)."""
+    asked per op). Before the runtime has started, the visible GPUs, not kept: listing the
+    logical devices would start it, and a script inside ``nddebug run --all`` may still
+    configure them at its top (probe round 43, F4)."""
+    if _gpu_known:
+        return _gpu_known[0]
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
-    return bool(tf.config.list_logical_devices("GPU"))
+    if getattr(context.context(), "_context_handle", None) is None:
+        return bool(tf.config.get_visible_devices("GPU"))
+    _gpu_known.append(bool(tf.config.list_logical_devices("GPU")))
+    return _gpu_known[0]
 
 
 def use_matmul_for(device: str | None) -> bool:

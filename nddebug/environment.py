@@ -26,6 +26,7 @@ _SWITCHES = (
 def capture() -> dict[str, Any]:
     """Versions, devices, determinism switches, thread settings and seeds, as plain data."""
     env = dict(_fixed())
+    env["devices"] = devices()
     env["env"] = {k: os.environ[k] for k in _SWITCHES if k in os.environ}
     # The script that recorded it, by file name (the same on every machine): runs of two
     # scripts appended to one file are told apart (see analysis.compare_recordings).
@@ -95,9 +96,28 @@ def _fixed() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - build info is optional
         pass
     env["build"] = build
-    env["devices"] = [d.name for d in tf.config.list_logical_devices()]
     env["onednn"] = onednn_enabled()
     return env
+
+
+_devices_fixed: list[str] = []
+
+
+def devices() -> list[str]:
+    """TensorFlow's logical devices, once its runtime has made them; [] before. Listing them
+    makes them, and a script may still configure them (logical CPUs for a MirroredStrategy,
+    a GPU's memory growth) at its top, which ``nddebug run --all`` puts inside a block: it
+    then raised "Virtual devices cannot be modified after being initialized" (probe round
+    43, F4). A block that starts first fills them in when it ends (tracer.block)."""
+    if _devices_fixed:
+        return list(_devices_fixed)
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    if getattr(context.context(), "_context_handle", None) is None:
+        return []
+    _devices_fixed[:] = [d.name for d in tf.config.list_logical_devices()]
+    return list(_devices_fixed)
 
 
 def onednn_enabled() -> bool:

@@ -32,6 +32,7 @@ class Switch:
         self._handle: Any = None
         self._reads = GraphMemo(f"switch_{name}")
         self._values: dict[tuple[str, bool], Any] = {}  # (device, on) -> eager int32 tensor
+        self._pending = False  # the value set before TensorFlow's runtime started (see set)
 
     def _eager_handle(self) -> Any:
         if self._handle is None:
@@ -54,17 +55,25 @@ class Switch:
                                     shared_name=self.shared_name,
                                     container="",
                                 )
-                                gen.assign_variable_op(handle, tf.constant(0, tf.int32))
+                                start = tf.constant(int(self._pending), tf.int32)
+                                gen.assign_variable_op(handle, start)
                             handles.append((device, handle))
                     self._handle = handles  # kept: the variables live as long as the process
         return self._handle
 
     def set(self, on: bool) -> None:
-        """Switch on or off, for every graph that reads the switch from now on."""
+        """Switch on or off, for every graph that reads the switch from now on. Before
+        TensorFlow's runtime has started, only noted: making the variable would start it, and
+        a script may still configure its devices (logical CPUs, a GPU's memory growth) at its
+        top, which ``nddebug run --all`` runs inside a block (probe round 43, F4); the
+        variable starts with the value when a graph first reads it."""
         import tensorflow as tf
         from tensorflow.python.eager import context
         from tensorflow.python.ops import gen_resource_variable_ops as gen
 
+        if self._handle is None and getattr(context.context(), "_context_handle", None) is None:
+            self._pending = on
+            return
         with context.eager_mode():
             for device, handle in self._eager_handle():
                 with tf.device(device):

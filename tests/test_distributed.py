@@ -413,3 +413,36 @@ print(json.dumps({
     )
     assert out["fit"] and out["reduced"], out
     assert not out["unreduced"] and out["unreduced_vars"] == 1, out
+
+
+def test_nddebug_run_all_lets_a_script_configure_its_devices_at_its_top(tmp_path) -> None:
+    """Probe round 43, F4: `nddebug run --all` opens the block before the script's first line,
+    and the block started TensorFlow's runtime (it listed the devices, made its switch
+    variables, chose its kernels), so the script's own logical-device setup, which
+    distributed.md puts at its top, raised "Virtual devices cannot be modified after being
+    initialized". The block now leaves the runtime to the script, and still records it."""
+    import json
+
+    from tests.helpers import nddebug_run
+
+    script = """
+        import tensorflow as tf
+        cpus = tf.config.list_physical_devices("CPU")
+        two = [tf.config.LogicalDeviceConfiguration()] * 2
+        tf.config.set_logical_device_configuration(cpus[0], two)
+        w = tf.Variable(tf.ones([4]))
+
+        @tf.function
+        def step(x):
+            with tf.device("/CPU:1"):
+                w.assign_add(tf.reduce_sum(x * w) * x)
+
+        for _ in range(3):
+            step(tf.range(4, dtype=tf.float32))
+        """
+    proc = nddebug_run(tmp_path, script, "--all", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    block = out["blocks"][0] if "blocks" in out else out
+    assert block["summary"]["verdict"] == "reproducible", proc.stdout[-2000:]
+    assert "/device:CPU:1" in block["summary"]["devices"], block["summary"]["devices"]

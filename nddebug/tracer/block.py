@@ -94,6 +94,8 @@ def trace(
         rec.status = "interrupted"
         raise
     finally:
+        if not rec.environment.get("devices"):  # TensorFlow made them inside the block
+            rec.environment["devices"] = environment.devices()
         recorder.stop()
         _determinism_set_inside(rec)
         if drawn_from is not None:
