@@ -635,6 +635,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
                 "on is not seen"
             )
     _other_threads(findings, recordings)
+    _in_other_settings(findings, recordings)
     _seed_state_reads(findings)
     if in_process:
         _seeded_streams(findings, recordings)
@@ -1061,6 +1062,68 @@ def _entry_point(findings: list[OpFinding], flow: dict[str, set[str]] | None = N
             f.role = "source"
             f.entered = True
     _fused_chains(findings)  # a record that holds an entry's inputs as its own only carries it
+
+
+def flat_environment(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A recording's environment as dotted keys (``threads.intra_op``) to plain values."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flat_environment(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+#: Environment keys (and key prefixes) that choose what a kernel computes: its version and
+#: build, the devices, oneDNN, the thread pools a kernel splits its work over, op determinism
+#: and the switches read from the process's environment variables.
+KERNEL_SETTINGS = (
+    "tensorflow",
+    "build.",
+    "devices",
+    "onednn",
+    "threads.",
+    "op_determinism",
+    "env.",
+    "platform",
+)
+
+
+def kernel_setting_changes(recordings: list[Recording]) -> list[str]:
+    """ "threads.intra_op: 1 -> 2" for each kernel setting (``KERNEL_SETTINGS``) in which a run
+    differs from the first."""
+    first = flat_environment(recordings[0].environment or {})
+    changes = []
+    for rec in recordings[1:]:
+        other = flat_environment(rec.environment or {})
+        for k in sorted(set(first) | set(other)):
+            if k == "env.PYTHONHASHSEED" or not k.startswith(KERNEL_SETTINGS):
+                continue  # Python's hashing chooses no kernel
+            if first.get(k) != other.get(k):
+                line = f"{k}: {first.get(k, '(absent)')} -> {other.get(k, '(absent)')}"
+                if line not in changes:
+                    changes.append(line)
+    return changes
+
+
+def _in_other_settings(findings: list[OpFinding], recordings: list[Recording]) -> None:
+    """Runs whose kernel settings differ (``nddebug diff`` of two machines, thread counts or
+    versions): an op with the same inputs and another output may compute what those settings
+    choose (a MatMul split over 2 threads sums in another order than over 1), not at random.
+    It was "the kernel itself is non-deterministic", and check() in one setting said
+    reproducible (probe round 43, F2)."""
+    changes = kernel_setting_changes(recordings)
+    if not changes:
+        return
+    for f in findings:
+        if f.role == "source" and f.kind == "numerical" and f.culprit is None:
+            f.explanation = (
+                "same inputs, different output, in runs whose kernel settings differ ("
+                + "; ".join(changes[:3])
+                + "): what the kernel computes may depend on them (how many threads split a "
+                "sum, which kernel a version or a CPU picks) rather than vary by itself; "
+                "compare runs made with the same settings to tell which"
+            )
 
 
 def _first_unit(units: list[Unit]) -> Unit | None:

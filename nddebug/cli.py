@@ -973,15 +973,6 @@ def _workers_agree(per_run: list[list[list[Any]]], b: int, workers: int, out: An
     return status
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def _diff(args: argparse.Namespace) -> int:
     from nddebug.check import compare, load
 
@@ -989,7 +980,9 @@ def _diff(args: argparse.Namespace) -> int:
     if not a_runs or not b_runs:
         raise UsageError("both files must hold at least one run")
     a, b = a_runs[0], b_runs[0]
-    ea, eb = _flatten(a.environment), _flatten(b.environment)
+    from nddebug.analysis import flat_environment
+
+    ea, eb = flat_environment(a.environment), flat_environment(b.environment)
     lines = ["Environment differences:"]
     skip = ("machine", "seeds.python_random_state_hash")
     changed = [k for k in sorted(set(ea) | set(eb)) if k not in skip and ea.get(k) != eb.get(k)]

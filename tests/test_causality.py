@@ -295,3 +295,25 @@ def test_a_read_of_what_an_xla_call_wrote_only_carries_its_difference() -> None:
     assert reads and all(f.role == "propagated" for f in reads), roles
     sources = [f for f in findings if f.role == "source"]
     assert sources and all(f.op.op_type != "ReadVariableOp" for f in sources), roles
+
+
+def test_a_source_between_runs_in_other_kernel_settings_is_not_called_non_deterministic() -> None:
+    """Probe round 43, F2: `nddebug diff` of a MatMul recorded with 1 and with 2 intra-op
+    threads said "the kernel itself is non-deterministic", though it gives the same bits
+    every time at a fixed thread count (check() there said reproducible). The settings that
+    differ are said; runs in one setting keep the kernel's explanation."""
+    spec = {0: ("f/MatMul", "MatMul")}
+
+    def made(run: int) -> dict[int, tuple[list[Any], list[Any]]]:
+        return {0: ([(10 + run, 1)], [(1, 1), (2, 2)])}
+
+    runs = _program(spec, made, [0])
+    for threads, rec in zip((1, 2), runs, strict=True):
+        rec.environment = {"threads": {"intra_op": threads}, "seeds": {"hash": str(threads)}}
+    (finding,) = compare_recordings(runs).findings
+    assert finding.role == "source" and "threads.intra_op: 1 -> 2" in finding.explanation
+    assert "non-deterministic" not in finding.explanation, finding.explanation
+    for rec in runs:  # the same settings (seeds apart): the kernel varies by itself
+        rec.environment["threads"]["intra_op"] = 2
+    (finding,) = compare_recordings(runs).findings
+    assert "the kernel itself is non-deterministic" in finding.explanation, finding.explanation
