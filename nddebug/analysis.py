@@ -1771,7 +1771,7 @@ def _explain(f: OpFinding, device: str = "") -> None:
             "they entered TensorFlow (Python or NumPy values, an attribute Python gave the op "
             "such as alpha= or strides=, file order, set or dict iteration order that depends "
             "on PYTHONHASHSEED, time)"
-        )
+        ) + _chain_note(op)  # a fused Relu read the batch through its MatMul (round 43, F3)
         return
     if op.function in OPAQUE:
         _explain_opaque(f, device)
@@ -1889,9 +1889,15 @@ def _explain(f: OpFinding, device: str = "") -> None:
             " [one of its inputs is an argument of its function that is recorded where the "
             "function is called, not here: the difference is in this op or in that argument]"
         )
-    if op.fused:
-        chain = " -> ".join([*op.fused.values(), op.op_type])
-        f.explanation += (
-            f" [recorded as one unit, {chain}: grappler rewrites these together, so nddebug "
-            "does not digest between them; the difference is in one of them]"
-        )
+    f.explanation += _chain_note(op)
+
+
+def _chain_note(op: OpInfo) -> str:
+    """What a source's explanation says of the kernels recorded with it (OpInfo.fused)."""
+    if not op.fused:
+        return ""
+    chain = " -> ".join([*op.fused.values(), op.op_type])
+    return (
+        f" [recorded as one unit, {chain}: grappler rewrites these together, so nddebug "
+        "does not digest between them; the difference is in one of them]"
+    )

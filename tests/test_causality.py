@@ -317,3 +317,32 @@ def test_a_source_between_runs_in_other_kernel_settings_is_not_called_non_determ
         rec.environment["threads"]["intra_op"] = 2
     (finding,) = compare_recordings(runs).findings
     assert "the kernel itself is non-deterministic" in finding.explanation, finding.explanation
+
+
+def test_an_entry_recorded_with_the_kernels_fused_into_it_names_them() -> None:
+    """Probe round 43, F3: a Dense layer's MatMul -> BiasAdd -> Relu, which grappler fuses and
+    nddebug records as one unit, read a batch that differed between two blocks: the source
+    was a bare Relu "that read Python values", with no word of the MatMul that read them."""
+    import tensorflow as tf
+
+    import nddebug
+
+    w = tf.random.stateless_normal([8, 16], seed=[1, 2])
+    b = tf.random.stateless_normal([16], seed=[3, 4])
+
+    @tf.function
+    def layer(x: Any) -> Any:
+        return tf.reduce_sum(tf.nn.relu(tf.nn.bias_add(x @ w, b)))
+
+    recs = []
+    for scale in (1.0, 1.001):
+        x = tf.random.stateless_normal([4, 8], seed=[5, 6]) * scale  # made before the block
+        with nddebug.trace() as rec:
+            layer(x)
+        recs.append(rec)
+    sources = [f for f in nddebug.compare(recs).comparison.findings if f.role == "source"]
+    fused = [f for f in sources if f.op.fused]
+    assert fused, [(f.op.op_type, f.op.fused) for f in sources]
+    assert all("MatMul" in f.explanation and "one unit" in f.explanation for f in fused), [
+        f.explanation for f in fused
+    ]
