@@ -19,8 +19,9 @@ cancels what every call pays once (the call, entering and leaving a block, the d
   (their ops run, allocate their outputs and return: no digest kernel, no row): what the
   executor's extra step per op costs;
 - ``python_us_per_row``: the Python work of turning one drained row into an event
-  (``Recorder._take``). What is left of ``record_us_per_op`` is the native op's own work
-  (digest kernel, its launch on a GPU, the row).
+  (``Recorder.drain``: the buffer handed over, its rows made events). What is left of
+  ``record_us_per_op`` is the native op's own work (digest kernel, its launch on a GPU, the
+  row).
 
 On a GPU this tells whether ``trace()``'s cost on small steps is the records' host work (one
 more executor step per op) or something paid per call. Results: a line on stdout and
@@ -60,25 +61,26 @@ def _chain(n_ops: int):
 
 
 def _python_us_per_row(run_traced, calls: int) -> float:
-    """The Python time per drained row: ``transport.rows`` wrapped, so that what the
-    recorder does with each row (between two yields) is timed with it."""
-    from nddebug.tracer import transport
+    """The Python time per drained row: ``Recorder.drain`` wrapped (the native buffer
+    handed to Python, its rows made events and added to the block's pending ones), over
+    the rows it added."""
+    from nddebug.tracer.recorder import Recorder
 
-    spent, rows, original = [0.0], [0], transport.rows
+    spent, rows, original = [0.0], [0], Recorder.drain
 
-    def timed(flat):
+    def timed(self):
+        before = len(self.pending)
         t0 = time.perf_counter()
-        for row in original(flat):
-            rows[0] += 1
-            yield row
+        original(self)
         spent[0] += time.perf_counter() - t0
+        rows[0] += len(self.pending) - before
 
-    transport.rows = timed
+    Recorder.drain = timed
     try:
         for _ in range(calls):
             run_traced()
     finally:
-        transport.rows = original
+        Recorder.drain = original
     return spent[0] / max(rows[0], 1) * 1e6
 
 

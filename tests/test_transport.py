@@ -183,6 +183,38 @@ def test_fused_op_row_places_static_input_digests_between_dynamic_ones():
         lib.set_active(False)
 
 
+def test_the_split_drain_gives_the_flat_drains_rows():
+    # The recorder drains the buffer split in two (headers; digest values), the per-row
+    # Python work of a trace; rows of other lengths must come out as the flat drain's.
+    lib = _native_lib()
+    a = np.linspace(-1, 1, 9000, dtype=np.float64)
+    b = np.arange(7, dtype=np.int8)
+    din = tf.constant([[11, 12], [13, 14]], tf.int64)
+
+    def emit():
+        lib.digest_record(81, [tf.constant(a), tf.constant(b)], [din], [(5, 6)], [1])
+        lib.digest_record(82, [tf.constant(b)], [], [], [])
+        lib.digest_record(83, [tf.constant(a)], [], [(7, 8)], [0])
+
+    lib.drain()
+    lib.set_active(True)
+    try:
+        emit()
+        flat = transport.drain()
+        emit()
+        ids, outs, ins = transport.drain_columns()
+        empty = transport.drain_columns()
+    finally:
+        lib.set_active(False)
+    assert [r[0] for r in flat] == [81, 82, 83]
+    split = [
+        (i, [list(d) for d in o], [list(d) for d in n])
+        for i, o, n in zip(ids, outs, ins, strict=True)
+    ]
+    assert split == flat
+    assert empty == ([], [], [])
+
+
 def test_the_library_name_is_the_same_wherever_tensorflow_is_installed(monkeypatch):
     # A GPU machine with the same TensorFlow but no headers finds a library built here (in
     # $NDDEBUG_CACHE_DIR): the folder TensorFlow lives in is not part of the name. Another

@@ -259,6 +259,7 @@ std::atomic<bool> g_active{false};
 std::mutex g_mutex;
 std::vector<int64_t> g_rows;     // flat: op_id, n_out, n_in, then 2*(n_out+n_in) digests
 std::vector<int64_t> g_drained;  // what the last drain handed out (valid until the next)
+std::vector<int64_t> g_heads, g_words;  // the last nddebug_drain_split's (likewise)
 
 // ------------------------------------------------------------------ the GPU path
 // GPU ops digest on the device (nddebug_digest.cu, compiled to PTX, loaded through the CUDA
@@ -493,6 +494,35 @@ __attribute__((visibility("default"))) int64_t nddebug_drain(const int64_t** dat
   g_drained.swap(g_rows);
   *data = g_drained.data();
   return static_cast<int64_t>(g_drained.size());
+}
+
+// The same rows split in two: *heads, three int64s a row (op_id, n_out, n_in; the return
+// value is their number), and *words, the rows' digest values one after the other (*n_words
+// of them). Python then makes each digest pair once, from one list, with no row's header
+// in between (the recorder's work per row is most of what a record costs a GPU's host).
+__attribute__((visibility("default"))) int64_t nddebug_drain_split(const int64_t** heads,
+                                                                  const int64_t** words,
+                                                                  int64_t* n_words) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  settle_pending_locked();
+  g_drained.clear();
+  g_drained.swap(g_rows);
+  g_heads.clear();
+  g_words.clear();
+  const size_t n = g_drained.size();
+  size_t i = 0;
+  while (i + 3 <= n) {
+    const int64_t n_out = g_drained[i + 1], n_in = g_drained[i + 2];
+    const size_t end = i + 3 + 2 * static_cast<size_t>(n_out + n_in);
+    if (n_out < 0 || n_in < 0 || end > n) break;  // never: rows are appended whole
+    g_heads.insert(g_heads.end(), g_drained.begin() + i, g_drained.begin() + i + 3);
+    g_words.insert(g_words.end(), g_drained.begin() + i + 3, g_drained.begin() + end);
+    i = end;
+  }
+  *heads = g_heads.data();
+  *words = g_words.data();
+  *n_words = static_cast<int64_t>(g_words.size());
+  return static_cast<int64_t>(g_heads.size());
 }
 
 // Which loop digests: 1 the widest this CPU runs (the default), 0 the portable one (for

@@ -336,13 +336,15 @@ class Recorder:
         """Add an eager event. With ``call_device`` (the event is a function call) the graph
         events delivered while it ran are attributed to it."""
         with self.lock:
-            if call_device is not None:
-                for pending in self.pending:
-                    pending.call = ev.seq
-                    self.recording.events.append(pending)
-                    if call_device:
-                        self._stamp_device(pending.op_id, call_device)
-                self.pending.clear()
+            if call_device is not None and self.pending:
+                pending, call = self.pending, ev.seq
+                for p in pending:
+                    p.call = call
+                self.recording.events.extend(pending)
+                if call_device:
+                    for op_id in {p.op_id for p in pending}:
+                        self._stamp_device(op_id, call_device)
+                self.pending = []
             self.recording.events.append(ev)
             if call_device is not None and self.steps.active:
                 if calls.inside_function_call():
@@ -392,11 +394,11 @@ class Recorder:
         while another thread's call is in flight, whose rows are not this block's."""
         locked = self.call_lock.acquire(timeout=5.0)
         try:
-            flat = [] if self.discarding else transport.drain_flat()
+            table = ([], [], []) if self.discarding else transport.drain_columns()
         finally:
             if locked:
                 self.call_lock.release()
-        self._take(flat)
+        self._take(*table)
 
     def _stamp_device(self, op_id: int, device: str) -> None:
         """Graph ops are placed after tracing: the device of the call that ran an op with no
@@ -414,17 +416,23 @@ class Recorder:
             op.device = device
             self.recording.ops[op_id] = op
 
-    def _take(self, flat: list[int]) -> None:
-        """The drained rows as events, in one pass: a traced step delivers one row per op
-        execution (thousands per call), so this is the per-call Python work of a trace.
-        Rows of re-executed ops take the general path (:meth:`on_graph_event`)."""
+    def _take(
+        self,
+        op_ids: list[int],
+        outputs: list[list[dg.Digest]],
+        inputs: list[list[dg.Digest]],
+    ) -> None:
+        """The drained rows (:func:`transport.drain_columns`) as events, in one pass: a
+        traced step delivers one row per op execution (thousands per call), so this is the
+        per-call Python work of a trace. Rows of re-executed ops take the general path
+        (:meth:`on_graph_event`)."""
         batch: list[Event] = []
         new_ops: dict[int, OpInfo] = {}
         known = self.recording.ops
         # Bound once: a row's Python work here is a third of what a record costs on the CPU
         # and of what it costs a GPU's host (benchmarks/bench_record_cost.py).
         registered, reruns, seq = REGISTRY.ops, REGISTRY.reruns, self._seq
-        for op_id, outs, ins in transport.rows(flat):
+        for op_id, outs, ins in zip(op_ids, outputs, inputs, strict=True):
             op = registered.get(op_id)
             if op is None:
                 continue

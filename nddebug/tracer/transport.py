@@ -86,6 +86,42 @@ def drain_flat() -> list[int]:
     return flat
 
 
+def drain_columns() -> tuple[list[int], list[list[dg.Digest]], list[list[dg.Digest]]]:
+    """Every row appended to the native buffer since the last drain, as three columns in
+    arrival order: op ids, output digests, input digests (see :func:`columns`)."""
+    lib = native._state.get("lib")
+    if lib is None:
+        return [], [], []
+    heads, words = lib.drain_split()
+    if not heads:
+        return [], [], []
+    COUNTS["drains"] += 1
+    return columns(heads, words)
+
+
+def columns(
+    heads: list[int], words: list[int]
+) -> tuple[list[int], list[list[dg.Digest]], list[list[dg.Digest]]]:
+    """Rows split by the native drain (three ints a row: op id, n_out, n_in; and all rows'
+    digest values in order) as columns: op ids, output digests, input digests.
+
+    Each digest pair is made once, from one list of all of them, and a row takes two
+    slices of it: a traced step drains a row per op execution, and this is most of the
+    Python work a record costs (``benchmarks/bench_record_cost.py``), objects the garbage
+    collector then counts included."""
+    pairs = list(zip(words[0::2], words[1::2], strict=True))
+    outs: list[list[dg.Digest]] = []
+    ins: list[list[dg.Digest]] = []
+    add_out, add_in = outs.append, ins.append
+    k = 0
+    for n_out, n_in in zip(heads[1::3], heads[2::3], strict=True):
+        mid = k + n_out
+        add_out(pairs[k:mid])
+        k = mid + n_in
+        add_in(pairs[mid:k])
+    return heads[0::3], outs, ins
+
+
 def rows(flat: list[int]) -> Iterator[tuple[int, list[dg.Digest], list[dg.Digest]]]:
     """The rows of a drained buffer, in arrival order: (op id, output digests, input
     digests), each digest an (int, int) pair. A row is op_id, n_out, n_in, then the pairs."""
