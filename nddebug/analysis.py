@@ -28,7 +28,6 @@ from nddebug.recording import (
     DATASET_PASSES,
     DATASET_STAGES,
     EMULATION_SCOPE,
-    INTEGER_OUTPUTS,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
@@ -52,6 +51,7 @@ from nddebug.recording import (
     OpInfo,
     Recording,
     seeded_random,
+    unseen_op_type,
 )
 
 # A unit is one op execution identified across runs: (eager index in run 0, key, occurrence).
@@ -1271,7 +1271,7 @@ def _unseen_ops(inside: list[str], device: str) -> tuple[list[str], list[str]]:
     here = knowledge.device_kind(device) or "CPU"
     known = set()
     for t in inside:
-        op_type = t.removesuffix(INTEGER_OUTPUTS)
+        op_type = unseen_op_type(t)
         c = knowledge.lookup(op_type, device)
         if c is None or c.kind == "random" or c.device not in (here, "any"):
             continue  # a GPU culprit inside a call that ran on the CPU explains nothing here
@@ -1287,7 +1287,7 @@ def _behind_data_functions(f: OpFinding, device: str) -> None:
     loop's body was blamed on "the input pipeline" and the advice was to seed the shuffle."""
     inside = f.op.attrs.get(PIPELINE_OPS, [])
     random, known = _unseen_ops(inside, device)
-    writes = sorted({t.removesuffix(INTEGER_OUTPUTS) for t in inside if WRITER.match(t)})
+    writes = sorted({unseen_op_type(t) for t in inside if WRITER.match(t)})
     if not (random or known or writes):
         return
     held = []

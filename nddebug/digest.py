@@ -390,9 +390,10 @@ def gpu_present() -> bool:
     if _gpu_known:
         return _gpu_known[0]
     import tensorflow as tf
-    from tensorflow.python.eager import context
 
-    if getattr(context.context(), "_context_handle", None) is None:
+    from nddebug.environment import runtime_started
+
+    if not runtime_started():
         return bool(tf.config.get_visible_devices("GPU"))
     _gpu_known.append(bool(tf.config.list_logical_devices("GPU")))
     return _gpu_known[0]

@@ -23,6 +23,16 @@ _SWITCHES = (
 )
 
 
+def runtime_started() -> bool:
+    """Whether TensorFlow's runtime (its eager context, hence its devices and thread pools)
+    has started. Until then asking for devices or making a variable would start it, and a
+    script may still configure them at its top, which ``nddebug run --all`` runs inside a
+    block (probe round 43, F4)."""
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_context_handle", None) is not None
+
+
 def capture() -> dict[str, Any]:
     """Versions, devices, determinism switches, thread settings and seeds, as plain data."""
     env = dict(_fixed())
@@ -53,13 +63,12 @@ def _threads() -> dict[str, int]:
     if _threads_fixed:
         return _threads_fixed
     import tensorflow as tf
-    from tensorflow.python.eager import context
 
     threads = {
         "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
         "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
     }
-    if getattr(context.context(), "_context_handle", None) is not None:
+    if runtime_started():
         _threads_fixed.update(threads)
     return threads
 
@@ -112,9 +121,8 @@ def devices() -> list[str]:
     if _devices_fixed:
         return list(_devices_fixed)
     import tensorflow as tf
-    from tensorflow.python.eager import context
 
-    if getattr(context.context(), "_context_handle", None) is None:
+    if not runtime_started():
         return []
     _devices_fixed[:] = [d.name for d in tf.config.list_logical_devices()]
     return list(_devices_fixed)

@@ -119,6 +119,14 @@ CALL_WRITES = "writes"
 #: ``tf.strings.split``'s row lengths sums counts, the same in any order (knowledge:
 #: ``integer_outputs_exact``).
 INTEGER_OUTPUTS = "(integer)"
+
+
+def unseen_op_type(entry: str) -> str:
+    """The op type of an ``ops_inside``/``PIPELINE_OPS`` entry, without its
+    :data:`INTEGER_OUTPUTS` tag."""
+    return entry.removesuffix(INTEGER_OUTPUTS)
+
+
 #: OpInfo.attrs key of an eager ``MakeIterator``: per iterator it bound (its identity, as
 #: ``OpInfo.resource`` names it), what in the dataset can make the elements differ between
 #: runs (a parallel map with deterministic=False, an unseeded shuffle, Python code), one

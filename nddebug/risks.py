@@ -20,6 +20,7 @@ from nddebug.recording import (
     PIPELINE_OPS,
     PIPELINE_READERS,
     Recording,
+    unseen_op_type,
 )
 
 #: Kinds of knowledge-base entries whose op is non-deterministic by its kernel alone. Random
@@ -52,12 +53,6 @@ class Risk:
 def _all_integer(dtypes: list[str]) -> bool:
     """Whether every output is an integer or boolean (by dtype name: no TensorFlow here)."""
     return bool(dtypes) and all(d == "bool" or d.startswith(("int", "uint")) for d in dtypes)
-
-
-def _integer_as_type(t: str) -> str:
-    """An op type of ``ops_inside`` with integer outputs as its type (a risk all the same
-    where its knowledge entry does not say integers are exact)."""
-    return t.removesuffix(INTEGER_OUTPUTS)
 
 
 def _device(op: Any, env: dict[str, Any]) -> str:
@@ -103,10 +98,10 @@ def known_risks(
             # Ops unseen inside a call or a dataset's functions whose outputs are integers.
             unseen = [*op.attrs.get("ops_inside", []), *op.attrs.get(PIPELINE_OPS, [])]
             integer_inside = {
-                f"{op.key} > {t.removesuffix(INTEGER_OUTPUTS)}"
+                f"{op.key} > {unseen_op_type(t)}"
                 for t in unseen
                 # Not where the same type also runs with other outputs (float bins).
-                if t.endswith(INTEGER_OUTPUTS) and t.removesuffix(INTEGER_OUTPUTS) not in unseen
+                if t.endswith(INTEGER_OUTPUTS) and unseen_op_type(t) not in unseen
             }
             if op.function == "uninstrumented":
                 # A call of a function traced before the block: its ops ran unseen, but what
@@ -114,7 +109,7 @@ def known_risks(
                 # is a risk of the call (and under emulate_gpu() it was not emulated).
                 members += [
                     (f"{op.key} > {t}", t, f"{t} inside {op.op_name or op.op_type}")
-                    for t in map(_integer_as_type, op.attrs.get("ops_inside", []))
+                    for t in map(unseen_op_type, op.attrs.get("ops_inside", []))
                     if "(" not in t
                 ]
             if op.op_type in PIPELINE_READERS:
@@ -123,7 +118,7 @@ def known_risks(
                 # holds, for that op (the datasets behind it list them too).
                 members += [
                     (f"{op.key} > {t}", t, f"{t} in a tf.data function behind {op.op_type}")
-                    for t in map(_integer_as_type, op.attrs.get(PIPELINE_OPS, []))
+                    for t in map(unseen_op_type, op.attrs.get(PIPELINE_OPS, []))
                     if "(" not in t
                 ]
             if op.attrs.get("races_with") and op.key not in seen and race is not None:

@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from nddebug.environment import runtime_started
 from nddebug.graph_memo import GraphMemo
 
 _lock = threading.Lock()
@@ -71,7 +72,7 @@ class Switch:
         from tensorflow.python.eager import context
         from tensorflow.python.ops import gen_resource_variable_ops as gen
 
-        if self._handle is None and getattr(context.context(), "_context_handle", None) is None:
+        if self._handle is None and not runtime_started():
             self._pending = on
             return
         with context.eager_mode():
