@@ -69,10 +69,38 @@ _READ_THROUGH = frozenset(
 )
 
 
+#: Stateless random ops draw what their seed tensor says; where that seed comes from (a
+#: constant, a Keras SeedGenerator's variable, a value drawn in Python when the pipeline was
+#: built: a Keras random layer made with no seed) the dataset's graph does not tell.
+_SEED_DRAWN = (
+    "StatelessRandom",
+    "StatelessTruncated",
+    "StatelessParameterized",
+    "StatelessMultinomial",
+    "StatelessShuffle",
+)
+
+
 def read_through(dataset: Any) -> bool:
     """Whether :func:`dataset_stages` sees every way ``dataset`` could make its elements differ
-    (see ``_READ_THROUGH``): [] from it then means none is there."""
-    return all(type(d).__name__.lstrip("_") in _READ_THROUGH for d in _tree(dataset))
+    (see ``_READ_THROUGH``): [] from it then means none is there. Not where a function of it
+    draws with stateless random ops: whether their seeds differ between runs cannot be read
+    (an unseeded Keras ``RandomFlip`` in a map was said to hold "no random op", probe round
+    44, F1)."""
+    tree = _tree(dataset)
+    if not all(type(d).__name__.lstrip("_") in _READ_THROUGH for d in tree):
+        return False
+    return not any(t.startswith(_SEED_DRAWN) for d in tree for t in _function_ops(d))
+
+
+def _function_ops(dataset: Any) -> set[str]:
+    """The op types the functions of one dataset stage run (see ``opaque.ops_inside``)."""
+    found: set[str] = set()
+    for attr in _FUNCTIONS:
+        fn = getattr(getattr(dataset, attr, None), "function", None)
+        if fn is not None:
+            found.update(opaque.ops_inside(fn.name, fn.graph))
+    return found
 
 
 def dataset_of(variant: Any, depth: int = 30) -> Any:
@@ -156,10 +184,15 @@ def dataset_stages(dataset: Any) -> list[str]:
                 "behind an unseeded sample_from_datasets or choose_from_datasets): other "
                 "numbers in every run"
             )
-        for attr in _FUNCTIONS:
-            fn = getattr(getattr(d, attr, None), "function", None)
-            if fn is not None:
-                inside.update(opaque.ops_inside(fn.name, fn.graph))
+        here = _function_ops(d)
+        inside |= here
+        seeded = sorted({t.split("(")[0] for t in here if t.endswith("(random)")})
+        if seeded and "Parallel" in name:
+            say(
+                f"seeded random op(s) in a parallel stage's function ({', '.join(seeded)} in "
+                f"{name}): its parallel calls share each op's one random state, so which "
+                "element gets which draw follows the order the threads run in"
+            )
     if any(t in _PYTHON for t in inside):
         say(
             "Python code the pipeline runs (Dataset.from_generator, or tf.py_function / "
