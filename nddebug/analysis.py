@@ -1553,23 +1553,38 @@ def _seed_state_reads(findings: list[OpFinding]) -> None:
     carried over", with the advice to pass state= to check()."""
     if not any(f.op.op_type.startswith("StatelessRandom") for f in findings):
         return
+    unseeded = (
+        "a SeedGenerator made without a seed (a random layer or keras.random call given no "
+        "seed=, with no keras.utils.set_random_seed before the model was built) takes a "
+        "random one in each process"
+    )
     for f in findings:
         op = f.op
-        if (
+        if not (
             f.role == "source"
             and f.kind == "other"
-            and op.op_type == "ReadVariableOp"
             and op.dtypes == ["int64"]
             and op.shapes == [[2]]
         ):
-            f.kind = "random"
+            continue
+        f.kind = "random"
+        if op.op_type == "ReadVariableOp":
             f.explanation = (
                 "reads a random seed's state (an int64 pair, as a Keras SeedGenerator keeps "
                 "[seed, counter]; the stateless random ops drawn from it differ too) that "
-                "already held a different value: a SeedGenerator made without a seed (a "
-                "random layer or keras.random call given no seed=, with no "
-                "keras.utils.set_random_seed before the model was built) takes a random "
-                "one in each process; within one process, the step advances it"
+                f"already held a different value: {unseeded}; within one process, the step "
+                "advances it"
+            )
+        else:
+            # The seed made where the model is built inside the block (nddebug run --all):
+            # the eager Cast of [seed, 0] was "other", with the advice to fix PYTHONHASHSEED
+            # (probe round 44, F3).
+            f.entered = False  # a seed, not a Python value to hunt down: the random advice
+            f.explanation = (
+                "makes a random seed's state (an int64 pair, as a Keras SeedGenerator starts "
+                "from [seed, 0]; the stateless random ops drawn from it differ too) from a "
+                f"value that already differed when it entered TensorFlow: {unseeded}, from "
+                "Python's random module"
             )
 
 
