@@ -36,6 +36,7 @@ from nddebug.recording import (
     PIPELINE_READERS,
     QUEUE_FILLERS,
     QUEUE_TAKERS,
+    RANDOM_OPS,
     RECORDED_BY_CALLER,
     RERUN_INNER,
     SHAPE_ONLY_OPS,
@@ -637,6 +638,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     _other_threads(findings, recordings)
     _in_other_settings(findings, recordings)
     _seed_state_reads(findings)
+    _generator_state_calls(findings, per_run_units)
     if in_process:
         _seeded_streams(findings, recordings)
         _seeded_passes(findings, recordings)
@@ -1586,6 +1588,57 @@ def _seed_state_reads(findings: list[OpFinding]) -> None:
                 f"value that already differed when it entered TensorFlow: {unseeded}, from "
                 "Python's random module"
             )
+
+
+def _generator_state_calls(
+    findings: list[OpFinding], per_run_units: list[dict[Unit, Event]]
+) -> None:
+    """A call nddebug did not see inside (a function traced before the block, XLA) whose only
+    differing inputs are the variables it captures, read before the call, where it draws from
+    a random state (``RngReadAndSkip`` and the other ``tf.random.Generator`` ops the knowledge
+    base lists as random): the state was a generator's, and it differed before the block. A
+    pre-traced step drawing from ``Generator.from_non_deterministic_state()`` was "other",
+    with the advice to fix PYTHONHASHSEED (probe round 44, F2)."""
+    for f in findings:
+        op = f.op
+        if not (f.role == "source" and f.kind == "other" and f.entered):
+            continue
+        if op.function not in OPAQUE:
+            continue
+        draws = sorted(
+            {
+                t
+                for t in map(unseen_op_type, op.attrs.get("ops_inside", []))
+                if t not in RANDOM_OPS
+                and (c := knowledge.lookup(t, op.device)) is not None
+                and c.kind == "random"
+            }
+        )
+        u = _first_unit(f.divergent_units)
+        if not draws or u is None:
+            continue
+        ins = [pu[u].inputs if u in pu else None for pu in per_run_units]
+        first = next((x for x in ins if x), None)
+        # The call's inputs: its arguments, the form of the call (a digest whose second
+        # half is -1: eager.input_form), then the captured variables' values before it.
+        form = next((i for i, d in enumerate(first or []) if d is not None and d[1] == -1), None)
+        differing = {
+            i
+            for i in range(len(first or []))
+            if len({tuple(x[i]) for x in ins if x and i < len(x) and x[i] is not None}) > 1
+        }
+        if form is None or not differing or min(differing) <= form:
+            continue  # an argument differed too: not the captured state alone
+        f.kind = "random"
+        f.entered = False
+        f.explanation = (
+            "a call nddebug could not see inside that draws from random state it captures "
+            f"({', '.join(draws)} inside it: a tf.random.Generator), whose value already "
+            "differed before the call while its arguments were identical: a Generator made "
+            "with from_non_deterministic_state(), or the global generator with no "
+            "tf.random.set_seed, starts from the operating system's entropy in each process; "
+            "within one process, every draw advances it"
+        )
 
 
 def _seeded_streams(findings: list[OpFinding], recordings: list[Recording]) -> None:

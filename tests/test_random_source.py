@@ -231,6 +231,41 @@ def test_a_seed_generator_made_inside_the_block_is_a_random_source(tmp_path: Any
     assert "PYTHONHASHSEED" not in sources[0]["fix"] and "Seed it" in sources[0]["fix"]
 
 
+_PRETRACED_GENERATOR = """
+import tensorflow as tf
+import nddebug
+
+g = tf.random.Generator.from_non_deterministic_state()
+w = tf.Variable(tf.linspace(-1.0, 1.0, 16))
+
+
+@tf.function
+def step():
+    noise = g.normal([16]) * 0.1
+    w.assign_sub(0.1 * tf.sin(w + noise))
+
+
+step()  # traced before the block: nddebug sees the call, not its ops
+with nddebug.trace():
+    step()
+"""
+
+
+def test_a_pretraced_call_drawing_from_a_generators_state_is_a_random_source(
+    tmp_path: Any,
+) -> None:
+    """A step traced before the block draws from Generator.from_non_deterministic_state():
+    the generator's state, a variable the call captures, differs between processes before
+    the call. The call was "other", with the advice to fix PYTHONHASHSEED (probe round 44,
+    F2; ground truth: fresh processes differ, and agree with from_seed)."""
+    proc = nddebug_run(tmp_path, _PRETRACED_GENERATOR, "--format", "json", name="gen.py")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
+    assert [s["kind"] for s in sources] == ["random"], sources
+    assert "RngReadAndSkip inside it: a tf.random.Generator" in sources[0]["explanation"]
+    assert "PYTHONHASHSEED" not in sources[0]["fix"] and "from_seed" in sources[0]["fix"]
+
+
 def test_fresh_copies_keep_emulate_gpus_masks_random() -> None:
     """Under emulate_gpu() a function holding a seeded random op runs as fresh copies, which
     copy the emulation's random masks too: with their seeds copied, every run drew the same
