@@ -32,3 +32,22 @@ def test_ci_runs_the_readme_test_command_and_nothing_else() -> None:
         if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))
     ]
     assert lines == [_readme_commands()[1]]
+
+
+def test_api_md_names_every_keyword_check_takes_for_itself() -> None:
+    """A step's own keyword named like one of check()'s never reaches it: api.md said six,
+    check() takes ten (probe round 44, F4: a step's mode="train" raised "mode must be
+    'repeat' or 'rerun'", and rerun=3 was swallowed)."""
+    import inspect
+
+    from nddebug import check
+
+    taken = [
+        p.name
+        for p in inspect.signature(check).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    api = open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8").read()
+    row = next(line for line in api.splitlines() if line.startswith("| `*args`, `**kwargs`"))
+    missing = [name for name in taken if f"`{name}`" not in row]
+    assert len(taken) >= 10 and not missing, missing
