@@ -443,6 +443,32 @@ def rerun_blind(rec: Recording) -> list[str]:
     return out
 
 
+def _no_shared_op(recordings: list[Recording]) -> str:
+    """A warning where two recordings share no op (ops are matched by key: type, where in
+    the user's code it was made, in which function): recordings of two programs, or of one
+    changed between the runs, got "NOT reproducible" with no source and a path parting at
+    op #0, and nothing said why (probe round 44, F5). Runs of one program that took other
+    paths still share the ops before the fork."""
+    pseudo = ("VariableState", "ReturnValue")
+
+    def first_ops(r: Recording) -> dict[str, OpInfo]:
+        return {op.key: op for e in r.events if (op := r.ops[e.op_id]).op_type not in pseudo}
+
+    first = first_ops(recordings[0])
+    for i, r in enumerate(recordings[1:], start=1):
+        other = first_ops(r)
+        if first and other and not first.keys() & other.keys():
+            a, b = next(iter(first.values())), next(iter(other.values()))
+            return (
+                f"runs 0 and {i} share no op: run 0 began with {a.op_type} made at "
+                f"{a.location or '?'}, run {i} with {b.op_type} made at {b.location or '?'}. "
+                "Ops are matched by type and where they were made, so these are recordings "
+                "of two programs, of code changed between the runs, or of the same code on "
+                "other lines: that their paths part at the first op says only that"
+            )
+    return ""
+
+
 def compare_recordings(recordings: list[Recording], in_process: bool = False) -> Comparison:
     """Align and classify; the first recording is the reference. ``in_process``: the runs
     repeated one step in one process (check()), where a seeded random op's kernel goes on
@@ -671,6 +697,9 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
             "comparison says something only between runs of one script (were two scripts' "
             "runs appended to one file with nddebug run -o?)",
         )
+    unshared = _no_shared_op(recordings)
+    if unshared:
+        warnings.insert(0, unshared)
     xla = [w for w in warnings if w.endswith(XLA_NOTE)]
     if len(xla) > 1:  # runs that traced more saw more functions: keep the fullest, once
         warnings = [w for w in warnings if w not in xla or w == max(xla, key=len)]

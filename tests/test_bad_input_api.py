@@ -222,3 +222,28 @@ def test_a_bad_recording_path_fails_before_the_block_runs(tmp_path) -> None:
             nddebug.check(lambda: v.assign_add(1.0), state=v, path=str(path))
     assert float(v.numpy()) == 1.0  # nothing ran
     assert other.read_text() == "not a recording\n" * 4
+
+
+def test_recordings_that_share_no_op_say_so() -> None:
+    """compare() of a trace of one program and a trace of another said "NOT reproducible"
+    with no source and a path that parted at op #0, and nothing about why (probe round 44,
+    F5): they share no op, and the report says so."""
+    x = tf.constant([0.5, 1.5, 2.5])
+
+    def program_a():
+        return tf.reduce_sum(tf.sin(x))
+
+    def program_b():
+        return tf.reduce_max(tf.cos(x) * 2.0)
+
+    runs = {}
+    for name, program in (("a", program_a), ("a again", program_a), ("b", program_b)):
+        with nddebug.trace() as runs[name]:
+            program()
+    report = nddebug.compare([runs["a"], runs["b"]])
+    said = [w for w in report.warnings if "share no op" in w]
+    assert said and "run 0 began with Sin" in said[0] and "run 1 with Cos" in said[0], said
+    assert "share no op" in str(report)
+    # Runs of one program share their ops: nothing said.
+    same = nddebug.compare([runs["a"], runs["a again"]])
+    assert same.ok and not any("share no op" in w for w in same.warnings)
