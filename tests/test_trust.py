@@ -1637,7 +1637,10 @@ def test_a_step_that_returns_a_dataset_or_an_optional_says_it_did_not_compare_th
     def dataset_step():
         return tf.data.Dataset.range(20).shuffle(20)
 
-    for step in (optional_step, eager_optional_step, dataset_step):
+    def iterator_step():  # probe round 44, F3: "reproducible", ok True
+        return iter(tf.data.Dataset.range(20).shuffle(20))
+
+    for step in (optional_step, eager_optional_step, dataset_step, iterator_step):
         report = nddebug.check(step, repeats=2)
         assert not report.ok
         assert any("not read in it" in w for w in report.not_compared), report.not_compared

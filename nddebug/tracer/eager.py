@@ -499,10 +499,10 @@ def unread_variants(what: str) -> str:
     optional (``get_next_as_optional``) holds values that differ from run to run as any
     tensor's can, but its bytes are a handle to them, not the values."""
     return (
-        f"{NOT_COMPARED}{what} holds a tf.data dataset or an optional (get_next_as_optional) "
-        "whose values were not read in it: nddebug cannot read a variant's values, so they "
-        "are not compared. Return or use the values themselves (optional.get_value(), the "
-        "dataset's elements)."
+        f"{NOT_COMPARED}{what} holds a tf.data dataset, an iterator or an optional "
+        "(get_next_as_optional) whose values were not read in it: nddebug cannot read a "
+        "variant's values, so they are not compared. Return or use the values themselves "
+        "(optional.get_value(), the dataset's elements)."
     )
 
 
@@ -517,7 +517,12 @@ def record_return(rec: Any, value: Any) -> None:
     if value is None:
         return
     with inside_nddebug():
-        datasets = [v for v in tf.nest.flatten(value) if isinstance(v, tf.data.Dataset)]
+        # A dataset, or an iterator over one (its order, a shuffle's, is read only later:
+        # iter(ds.shuffle(5)) was "reproducible" though each call gave another order,
+        # probe round 44, F3).
+        datasets = [
+            v for v in tf.nest.flatten(value) if isinstance(v, (tf.data.Dataset, tf.data.Iterator))
+        ]
         flat = tf.nest.flatten(value, expand_composites=True)
         if datasets or any(getattr(t, "_id", None) in rec.unopened for t in flat):
             ops.warn_once(rec.recording, unread_variants("the step's return value"))
