@@ -28,6 +28,8 @@ def _without_options() -> Any:
     return _base().map(lambda x: x, num_parallel_calls=2).with_options(options)
 
 
+_COUNTER = tf.Variable(0, dtype=tf.int64)  # a map that counts its elements in this variable
+
 CASES = {
     "parallel map": (
         lambda: _base().map(lambda x: x * 2, num_parallel_calls=2, deterministic=False),
@@ -52,6 +54,11 @@ CASES = {
         lambda: _base().map(lambda x: x + tf.random.uniform([], maxval=2, dtype=tf.int64)),
         "unseeded random op(s) in a dataset function (RandomUniformInt)",
     ),
+    "variable update in a parallel map": (
+        lambda: _base().map(lambda x: x + _COUNTER.assign_add(1), num_parallel_calls=2),
+        "a parallel stage's function updates a variable (AssignAddVariableOp in "
+        "ParallelMapDataset)",
+    ),
     "seeded random op in a parallel map": (
         lambda: _base().map(
             lambda x: x + tf.random.uniform([], maxval=2, dtype=tf.int64, seed=5),
@@ -75,6 +82,7 @@ def test_deterministic_pipelines_name_nothing() -> None:
         _base().map(lambda x: x * 2, num_parallel_calls=2).batch(4).prefetch(2),
         _base().shuffle(16, seed=3),
         _base().map(lambda x: x + tf.random.uniform([], maxval=2, dtype=tf.int64, seed=5)),
+        _base().map(lambda x: x + _COUNTER.assign_add(1)),  # one call at a time: in order
     ):
         assert dataset_stages(ds) == []
 

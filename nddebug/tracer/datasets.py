@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from nddebug.recording import WRITER, unseen_op_type
 from nddebug.tracer import opaque
 
 #: Python code a dataset function runs (Dataset.from_generator, tf.py_function, numpy_function).
@@ -192,6 +193,15 @@ def dataset_stages(dataset: Any) -> list[str]:
                 f"seeded random op(s) in a parallel stage's function ({', '.join(seeded)} in "
                 f"{name}): its parallel calls share each op's one random state, so which "
                 "element gets which draw follows the order the threads run in"
+            )
+        writes = sorted({t for t in map(unseen_op_type, here) if WRITER.match(t)})
+        if writes and "Parallel" in name:
+            # A shared counter, or a seeded Keras random layer's SeedGenerator, which every
+            # call advances (probe round 44, F1: three processes, three weights).
+            say(
+                f"a parallel stage's function updates a variable ({', '.join(writes)} in "
+                f"{name}): its parallel calls read and update it in the order the threads "
+                "run in (a seeded Keras random layer's SeedGenerator advances so)"
             )
     if any(t in _PYTHON for t in inside):
         say(
