@@ -42,6 +42,7 @@ from nddebug.recording import (
     SHAPE_ONLY_OPS,
     STATE_FILLERS,
     STATE_READERS,
+    STATELESS_RANDOM,
     TABLE_OR_QUEUE_READS,
     TABLE_WRITERS,
     TF1_GRAPH,
@@ -1638,9 +1639,12 @@ def _generator_state_calls(
             {
                 t
                 for t in map(unseen_op_type, op.attrs.get("ops_inside", []))
-                if t not in RANDOM_OPS
-                and (c := knowledge.lookup(t, op.device)) is not None
-                and c.kind == "random"
+                if t.startswith(STATELESS_RANDOM)
+                or (
+                    t not in RANDOM_OPS
+                    and (c := knowledge.lookup(t, op.device)) is not None
+                    and c.kind == "random"
+                )
             }
         )
         u = _first_unit(f.divergent_units)
@@ -1660,13 +1664,16 @@ def _generator_state_calls(
             continue  # an argument differed too: not the captured state alone
         f.kind = "random"
         f.entered = False
+        shown = ", ".join(draws[:4]) + (f" and {len(draws) - 4} more" if len(draws) > 4 else "")
         f.explanation = (
-            "a call nddebug could not see inside that draws from random state it captures "
-            f"({', '.join(draws)} inside it: a tf.random.Generator), whose value already "
-            "differed before the call while its arguments were identical: a Generator made "
-            "with from_non_deterministic_state(), or the global generator with no "
-            "tf.random.set_seed, starts from the operating system's entropy in each process; "
-            "within one process, every draw advances it"
+            "a call nddebug could not see inside whose arguments were identical but whose "
+            "captured variables already differed before the call, and which draws random "
+            f"numbers ({shown} inside it) from a state it captures: a tf.random.Generator "
+            "made with from_non_deterministic_state() (or the global generator with no "
+            "tf.random.set_seed) starts from the operating system's entropy, and a Keras "
+            "SeedGenerator made without a seed (a Dropout or random layer given no seed=) "
+            "from Python's random, in each process; within one process, every draw "
+            "advances them"
         )
 
 

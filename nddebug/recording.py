@@ -121,6 +121,18 @@ CALL_WRITES = "writes"
 INTEGER_OUTPUTS = "(integer)"
 
 
+#: Stateless random ops (by type prefix): they draw what their seed tensor says, so where
+#: that seed comes from (a constant, a Keras SeedGenerator's variable, a value drawn in Python
+#: when the model or pipeline was built) decides whether runs draw alike.
+STATELESS_RANDOM = (
+    "StatelessRandom",
+    "StatelessTruncated",
+    "StatelessParameterized",
+    "StatelessMultinomial",
+    "StatelessShuffle",
+)
+
+
 def unseen_op_type(entry: str) -> str:
     """The op type of an ``ops_inside``/``PIPELINE_OPS`` entry, without its
     :data:`INTEGER_OUTPUTS` tag."""

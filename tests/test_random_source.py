@@ -262,8 +262,46 @@ def test_a_pretraced_call_drawing_from_a_generators_state_is_a_random_source(
     assert proc.returncode == 1, proc.stderr[-3000:]
     sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
     assert [s["kind"] for s in sources] == ["random"], sources
-    assert "RngReadAndSkip inside it: a tf.random.Generator" in sources[0]["explanation"]
+    why = sources[0]["explanation"]
+    assert "RngReadAndSkip" in why and "from_non_deterministic_state()" in why, why
     assert "PYTHONHASHSEED" not in sources[0]["fix"] and "from_seed" in sources[0]["fix"]
+
+
+_PRETRACED_DROPOUT = """
+import numpy as np
+import keras
+import nddebug
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(32, 8)).astype("float32")
+y = (rng.random(32) * 3).astype("int32")
+init = keras.initializers.GlorotUniform(seed=1)
+model = keras.Sequential([
+    keras.Input((8,)),
+    keras.layers.Dense(16, activation="relu", kernel_initializer=init),
+    keras.layers.Dropout(0.3),  # no seed: its SeedGenerator draws one from Python's random
+    keras.layers.Dense(3, kernel_initializer=init),
+])
+model.compile(optimizer=keras.optimizers.SGD(0.1),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.train_on_batch(x, y)  # traces the train function before the block
+with nddebug.trace():
+    model.train_on_batch(x, y)
+"""
+
+
+def test_a_pretraced_train_function_with_an_unseeded_dropout_is_a_random_source(
+    tmp_path: Any,
+) -> None:
+    """The same as a Generator's, for a Keras SeedGenerator's state (probe round 44, F2's
+    Keras case): the train function traced before the block draws with stateless ops from
+    a seed that Python's random chose in each process."""
+    proc = nddebug_run(tmp_path, _PRETRACED_DROPOUT, "--format", "json", name="pre.py")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    sources = [c for c in json.loads(proc.stdout)["culprits"] if c["role"] == "source"]
+    assert [s["kind"] for s in sources] == ["random"], sources
+    assert "StatelessRandomUniformV2" in sources[0]["explanation"], sources[0]["explanation"]
+    assert "PYTHONHASHSEED" not in sources[0]["fix"]
 
 
 def test_fresh_copies_keep_emulate_gpus_masks_random() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from nddebug.recording import WRITER, unseen_op_type
+from nddebug.recording import STATELESS_RANDOM, WRITER, unseen_op_type
 from nddebug.tracer import opaque
 
 #: Python code a dataset function runs (Dataset.from_generator, tf.py_function, numpy_function).
@@ -70,18 +70,6 @@ _READ_THROUGH = frozenset(
 )
 
 
-#: Stateless random ops draw what their seed tensor says; where that seed comes from (a
-#: constant, a Keras SeedGenerator's variable, a value drawn in Python when the pipeline was
-#: built: a Keras random layer made with no seed) the dataset's graph does not tell.
-_SEED_DRAWN = (
-    "StatelessRandom",
-    "StatelessTruncated",
-    "StatelessParameterized",
-    "StatelessMultinomial",
-    "StatelessShuffle",
-)
-
-
 def read_through(dataset: Any) -> bool:
     """Whether :func:`dataset_stages` sees every way ``dataset`` could make its elements differ
     (see ``_READ_THROUGH``): [] from it then means none is there. Not where a function of it
@@ -91,7 +79,7 @@ def read_through(dataset: Any) -> bool:
     tree = _tree(dataset)
     if not all(type(d).__name__.lstrip("_") in _READ_THROUGH for d in tree):
         return False
-    return not any(t.startswith(_SEED_DRAWN) for d in tree for t in _function_ops(d))
+    return not any(t.startswith(STATELESS_RANDOM) for d in tree for t in _function_ops(d))
 
 
 def _function_ops(dataset: Any) -> set[str]:
