@@ -28,6 +28,7 @@ from nddebug.recording import (
     DATASET_PASSES,
     DATASET_STAGES,
     EMULATION_SCOPE,
+    INPUT_FORM,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
@@ -452,14 +453,15 @@ def _no_shared_op(recordings: list[Recording]) -> str:
     paths still share the ops before the fork."""
     pseudo = ("VariableState", "ReturnValue")
 
-    def first_ops(r: Recording) -> dict[str, OpInfo]:
+    def ran(r: Recording) -> dict[str, OpInfo]:
+        """The ops a run executed, by key, in the order they first ran."""
         return {op.key: op for e in r.events if (op := r.ops[e.op_id]).op_type not in pseudo}
 
-    first = first_ops(recordings[0])
+    reference = ran(recordings[0])
     for i, r in enumerate(recordings[1:], start=1):
-        other = first_ops(r)
-        if first and other and not first.keys() & other.keys():
-            a, b = next(iter(first.values())), next(iter(other.values()))
+        other = ran(r)
+        if reference and other and not reference.keys() & other.keys():
+            a, b = next(iter(reference.values())), next(iter(other.values()))
             return (
                 f"runs 0 and {i} share no op: run 0 began with {a.op_type} made at "
                 f"{a.location or '?'}, run {i} with {b.op_type} made at {b.location or '?'}. "
@@ -806,18 +808,26 @@ def _could_feed(producer: OpInfo, made: list[Unit], reader: OpInfo, read: Unit) 
     return False
 
 
+def _slot_values(per_run: list[Any], i: int) -> list[tuple | None]:
+    """Slot ``i`` of a list of digests in each run (None where the run lacks it)."""
+    return [
+        tuple(d[i]) if d is not None and i < len(d) and d[i] is not None else None for d in per_run
+    ]
+
+
+def _differing_indices(per_run: list[Any]) -> list[int]:
+    """The slots of a list of digests (per run; None where the run lacks it) whose value
+    differs between the runs that have it."""
+    n = max((len(d) for d in per_run if d is not None), default=0)
+    return [i for i in range(n) if len({v for v in _slot_values(per_run, i) if v is not None}) > 1]
+
+
 def _differing_slots(per_run: list[Any]) -> list[tuple[int, tuple]]:
-    """(run, digest) of every slot of a list of digests (per run; None where the run lacks
-    it) whose value differs between the runs that have it."""
+    """(run, digest) of every slot of a list of digests whose value differs between the
+    runs that have it (see :func:`_differing_indices`)."""
     found = []
-    for i in range(max((len(d) for d in per_run if d is not None), default=0)):
-        values = [
-            tuple(d[i]) if d is not None and i < len(d) and d[i] is not None else None
-            for d in per_run
-        ]
-        present = {v for v in values if v is not None}
-        if len(present) < 2:
-            continue
+    for i in _differing_indices(per_run):
+        values = _slot_values(per_run, i)
         found += [(r, v) for r, v in enumerate(values) if v is not None and v != (0, 0)]
     return found
 
@@ -1583,7 +1593,7 @@ def _seed_state_reads(findings: list[OpFinding]) -> None:
     a random source: a SeedGenerator made without a seed takes a random one in each process,
     and across processes (nddebug run) every augmentation layer's read was blamed on "state
     carried over", with the advice to pass state= to check()."""
-    if not any(f.op.op_type.startswith("StatelessRandom") for f in findings):
+    if not any(f.op.op_type.startswith(STATELESS_RANDOM) for f in findings):
         return
     unseeded = (
         "a SeedGenerator made without a seed (a random layer or keras.random call given no "
@@ -1651,16 +1661,12 @@ def _generator_state_calls(
         if not draws or u is None:
             continue
         ins = [pu[u].inputs if u in pu else None for pu in per_run_units]
-        first = next((x for x in ins if x), None)
-        # The call's inputs: its arguments, the form of the call (a digest whose second
-        # half is -1: eager.input_form), then the captured variables' values before it.
-        form = next((i for i, d in enumerate(first or []) if d is not None and d[1] == -1), None)
-        differing = {
-            i
-            for i in range(len(first or []))
-            if len({tuple(x[i]) for x in ins if x and i < len(x) and x[i] is not None}) > 1
-        }
-        if form is None or not differing or min(differing) <= form:
+        first = next((x for x in ins if x), [])
+        # The call's inputs: its arguments, the form of the call (INPUT_FORM), then the
+        # captured variables' values before it.
+        form = next((i for i, d in enumerate(first) if d and d[1] == INPUT_FORM), None)
+        differing = _differing_indices(ins)
+        if form is None or not differing or differing[0] <= form:
             continue  # an argument differed too: not the captured state alone
         f.kind = "random"
         f.entered = False

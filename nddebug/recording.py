@@ -121,6 +121,11 @@ CALL_WRITES = "writes"
 INTEGER_OUTPUTS = "(integer)"
 
 
+#: The second half of the digest an eager op's inputs end with that stands for the form of
+#: the call (its inputs' shapes and its attributes, ``tracer.eager.input_form``): a data
+#: digest has it once in 2**64, so analysis tells by it where a call's arguments end and the
+#: captured variables' values before the call begin.
+INPUT_FORM = -1
 #: Stateless random ops (by type prefix): they draw what their seed tensor says, so where
 #: that seed comes from (a constant, a Keras SeedGenerator's variable, a value drawn in Python
 #: when the model or pipeline was built) decides whether runs draw alike.

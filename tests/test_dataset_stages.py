@@ -6,6 +6,7 @@ An input pipeline that differed was reported with every possible cause listed (p
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -28,7 +29,11 @@ def _without_options() -> Any:
     return _base().map(lambda x: x, num_parallel_calls=2).with_options(options)
 
 
-_COUNTER = tf.Variable(0, dtype=tf.int64)  # a map that counts its elements in this variable
+@functools.cache
+def _counter() -> Any:
+    """A variable a map counts its elements in (made when a test first asks, not at import)."""
+    return tf.Variable(0, dtype=tf.int64)
+
 
 CASES = {
     "parallel map": (
@@ -55,7 +60,7 @@ CASES = {
         "unseeded random op(s) in a dataset function (RandomUniformInt)",
     ),
     "variable update in a parallel map": (
-        lambda: _base().map(lambda x: x + _COUNTER.assign_add(1), num_parallel_calls=2),
+        lambda: _base().map(lambda x: x + _counter().assign_add(1), num_parallel_calls=2),
         "a parallel stage's function updates a variable (AssignAddVariableOp in "
         "ParallelMapDataset)",
     ),
@@ -82,7 +87,7 @@ def test_deterministic_pipelines_name_nothing() -> None:
         _base().map(lambda x: x * 2, num_parallel_calls=2).batch(4).prefetch(2),
         _base().shuffle(16, seed=3),
         _base().map(lambda x: x + tf.random.uniform([], maxval=2, dtype=tf.int64, seed=5)),
-        _base().map(lambda x: x + _COUNTER.assign_add(1)),  # one call at a time: in order
+        _base().map(lambda x: x + _counter().assign_add(1)),  # one call at a time: in order
     ):
         assert dataset_stages(ds) == []
 

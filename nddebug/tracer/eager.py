@@ -19,6 +19,7 @@ from nddebug.recording import (
     CALL_WRITES,
     DATASET_PASSES,
     DATASET_STAGES,
+    INPUT_FORM,
     NOT_COMPARED,
     OPAQUE,
     STATE_READERS,
@@ -124,7 +125,7 @@ def input_form(inputs: Any, attrs: Any = ()) -> dg.Digest:
     that differs there comes from a tensor, which is compared.)"""
     shapes = ";".join(",".join(map(str, getattr(t, "shape", ()))) for t in inputs)
     code = ops.form_code(f"{shapes}|{ops.attrs_form(attrs)}")
-    return int.from_bytes(bytes.fromhex(code), "little", signed=True), -1
+    return int.from_bytes(bytes.fromhex(code), "little", signed=True), INPUT_FORM
 
 
 def read_variable(handle: Any, dtype: Any) -> Any:
