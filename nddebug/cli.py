@@ -939,7 +939,13 @@ def _keep_partial(
             except NddebugError:
                 continue  # a process killed while writing: its file may be unreadable
     known = {rec.run_id for rec in finished}
-    partial = [rec for rec in partial if rec.run_id not in known]  # run i may have finished
+    # Run i may have finished a block; a block it was cut in before any op ran holds nothing
+    # to read back (a SyntaxError under --all: "1 recording(s) saved" named an empty file).
+    partial = [
+        rec
+        for rec in partial
+        if rec.run_id not in known and (rec.events or rec.status != "interrupted")
+    ]
     if not finished and not partial:
         return ""
     count = len(finished) + len(partial)

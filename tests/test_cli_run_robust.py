@@ -197,6 +197,17 @@ def test_a_run_killed_by_a_signal_says_which_and_a_folder_is_not_a_script(tmp_pa
     assert f"{tmp_path} is a folder: name the script to run in it" in folder.stderr
 
 
+def test_a_script_that_fails_before_any_op_under_all_saves_no_empty_recording(tmp_path) -> None:
+    """Under --all, a SyntaxError leaves run 1 an interrupted block with no op in it: "the 1
+    recording(s) made before it are saved" pointed at a file nothing could be read from
+    (probe round 44, F7)."""
+    script = _script(tmp_path, "broken.py", "import tensorflow as tf\nx = (\n")
+    result = _nddebug("run", "-n", "2", "--all", script)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "run 1 failed" in result.stderr and "SyntaxError" in result.stderr
+    assert "recording(s)" not in result.stderr, result.stderr[-3000:]
+
+
 def test_a_script_that_raises_keyboardinterrupt_itself_failed_it_was_not_interrupted(
     tmp_path,
 ) -> None:
