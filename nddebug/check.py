@@ -848,7 +848,15 @@ def confirmations(rec: Recording, keys: set[str]) -> dict[str, str]:
         elif not total:
             out[key] = "not re-executed (the op did not run again in the confirming step)"
         elif differed:
-            out[key] = f"differed in {differed} of {total} re-executions on its recorded inputs"
+            # Evidence about the kernel, not the program: a re-execution runs the op alone,
+            # and the program's own executions may never vary (a weighted bincount of
+            # constants: 64 of 64 re-executions differed, 72 program steps did not; probe
+            # round 42, F5). The row is here because they did not differ in these runs.
+            out[key] = (
+                f"differed in {differed} of {total} re-executions on its recorded inputs, "
+                "run alone (the kernel can vary on these inputs; the step's own executions "
+                "did not differ in these runs)"
+            )
         else:
             out[key] = f"not seen in {total} re-executions on its recorded inputs"
     return out

@@ -200,8 +200,8 @@ def test_a_suspect_re_executed_alone_shows_its_race() -> None:
     rerun_types = {rec.ops[ev.op_id].op_type for ev in rec.events if ev.reruns}
     assert rerun_types == {"CropAndResizeGradImage"}
     found = confirmations(rec, {key})[key]
-    assert found.startswith("differed in") and found.endswith(
-        "of 32 re-executions on its recorded inputs"
+    assert found.startswith("differed in") and (
+        "of 32 re-executions on its recorded inputs, run alone (the kernel can vary" in found
     ), found
 
 
