@@ -22,6 +22,7 @@ from nddebug import knowledge, replicas
 from nddebug.errors import EmptyTraceError, NotComparableError
 from nddebug.recording import (
     ACCUMULATED_SUM,
+    AFTER_WRITES,
     ARGUMENT_BY_CALLER,
     CALL_OPS,
     CALL_WRITES,
@@ -29,6 +30,7 @@ from nddebug.recording import (
     DATASET_STAGES,
     EMULATION_SCOPE,
     INPUT_FORM,
+    LOOP_READS,
     LOOPS_AND_BRANCHES,
     NOT_COMPARED,
     OPAQUE,
@@ -47,6 +49,8 @@ from nddebug.recording import (
     TABLE_OR_QUEUE_READS,
     TABLE_WRITERS,
     TF1_GRAPH,
+    TF1_LOOP,
+    TF1_LOOP_NAME,
     UPDATE_NOTE,
     WRITER,
     XLA_NOTE,
@@ -118,6 +122,13 @@ class Comparison:
 
 #: Ops that create variables: a run that made them did work the later runs of one process skip.
 VARIABLE_CREATION = frozenset({"VarHandleOp", "VariableV2", "VarIsInitializedOp"})
+
+
+def _state_read(op: OpInfo) -> list[str]:
+    """The state an op's output depends on besides its recorded inputs: the variable (table,
+    queue) it reads or updates, and, for an output of a TF1 loop, every one its frame reads
+    (the loop's body read the weights an earlier step's update left)."""
+    return ([op.resource] if op.resource else []) + list(op.attrs.get(LOOP_READS, []))
 
 
 def _call_like(op: OpInfo) -> bool:
@@ -905,28 +916,39 @@ def _state_propagation(
                         for at in ((r, None), (r, w[0])):
                             firsts[at] = min(firsts.get(at, seqs[w]), seqs[w])
 
+    updates = {(f.op.graph, f.op.op_name): f for f in findings if f.op.graph == TF1_GRAPH}
+
     def written_before(f: OpFinding, u: Unit) -> bool:
-        """Whether a divergent update of ``f``'s variable ran before execution ``u`` in a
-        run that made both."""
-        # A variable known by its identity (eager:<id>, what eager ops and captured handles
-        # are named by) is the same variable in every call and function; eager ops and TF1
-        # session graphs too. A handle known only by its name in one graph (a loop
-        # variable) is linked within its call.
-        across = not f.op.graph or f.op.graph == TF1_GRAPH or f.op.resource.startswith("eager:")
-        firsts = first_write.get(f.op.resource, {})
-        for r, seqs in enumerate(run_seqs):
-            first = firsts.get((r, None if across else u[0]))
-            if u in seqs and first is not None and first < seqs[u]:
+        """Whether a divergent update of ``f``'s variable (of one that a TF1 loop reads,
+        LOOP_READS) ran before execution ``u`` in a run that made both; in a TF1 graph,
+        also an update the graph orders before it in the same Session.run (AFTER_WRITES),
+        whose record may have arrived later."""
+        for name in f.op.attrs.get(AFTER_WRITES, ()):
+            g = updates.get((f.op.graph, name))
+            if g is not None and any(w[0] == u[0] for w in g.divergent_units or g.units):
                 return True
+        for resource in _state_read(f.op):
+            # A variable known by its identity (eager:<id>, what eager ops and captured
+            # handles are named by) is the same variable in every call and function; eager
+            # ops and TF1 session graphs too. A handle known only by its name in one graph
+            # (a loop variable) is linked within its call.
+            across = not f.op.graph or f.op.graph == TF1_GRAPH or resource.startswith("eager:")
+            firsts = first_write.get(resource, {})
+            for r, seqs in enumerate(run_seqs):
+                first = firsts.get((r, None if across else u[0]))
+                if u in seqs and first is not None and first < seqs[u]:
+                    return True
         return False
 
     explained = any(f.op.op_type not in PSEUDO_OPS for f in findings)
     steps = [f for f in findings if f.op.op_type == "Step"]
     first_step = min(steps, key=lambda f: f.first_seq) if steps else None
     for f in findings:
-        if f.role != "source" or CONTAINER_OPS.match(f.op.op_type):
+        if f.role != "source":
             continue
-        if f.op.resource and f.op.op_type != "VariableState":
+        if CONTAINER_OPS.match(f.op.op_type) and f.op.function != TF1_LOOP:
+            continue  # see the container rule below; a TF1 loop's is judged as the loop
+        if _state_read(f.op) and f.op.op_type != "VariableState":
             # A read of a variable, or an update of it (its output is the value after the
             # update), after a divergent update of it: what the variable held before
             # differed, which its recorded inputs do not show. Only executions that no such
@@ -965,6 +987,7 @@ def _state_propagation(
         if (
             f.role == "source"
             and CONTAINER_OPS.match(f.op.op_type)
+            and f.op.function != TF1_LOOP  # what filled it is the loop nddebug cannot see
             and explained_elsewhere(f, findings, _reached(f.key, readers))
         ):
             # A TensorList, TensorArray or Optional hands on what was put into it: its
@@ -1279,12 +1302,21 @@ def _explain_opaque(f: OpFinding, device: str) -> None:
     """A call nddebug could not see inside (an XLA cluster, a function traced before the block)
     is the source: say what its op list tells about why, since its ops were not recorded."""
     op = f.op
-    what = (
-        "an XLA-compiled function (cluster)"
-        if op.function == "xla"
-        else ("a tf.function traced before nddebug.trace() (its inner ops were not recorded)")
+    what, f.kind = {
+        "xla": ("an XLA-compiled function (cluster)", "XLA cluster"),
+        TF1_LOOP: (
+            ("an output of" if op.op_type in ("Exit", "RefExit") else "a read of what was put in")
+            + f" the TF1 while loop {op.attrs.get(TF1_LOOP_NAME, '')!r} (v1 control flow, "
+            "tf.nn.dynamic_rnn: nddebug cannot record the ops inside its frame)",
+            "TF1 loop",
+        ),
+    }.get(
+        op.function,
+        (
+            "a tf.function traced before nddebug.trace() (its inner ops were not recorded)",
+            "uninstrumented function",
+        ),
     )
-    f.kind = "XLA cluster" if op.function == "xla" else "uninstrumented function"
     random, known = _unseen_ops(op.attrs.get("ops_inside", []), device)
     more = len(op.written) - 4
     shown = ", ".join(op.written[:4]) + (f" and {more} more" if more > 0 else "")

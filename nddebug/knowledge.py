@@ -52,7 +52,7 @@ KINDS = (
 )
 #: Kinds of sources that are not one op: calls nddebug cannot see inside, and work that other
 #: threads did. [advice] has a text for each, besides the culprit kinds.
-OPAQUE_KINDS = ("XLA cluster", "uninstrumented function", "other threads")
+OPAQUE_KINDS = ("XLA cluster", "uninstrumented function", "TF1 loop", "other threads")
 UNDER_DETERMINISM = ("fixed", "raises", "host", "unaffected", "n/a")
 
 #: Columns of known_ops(), in order.

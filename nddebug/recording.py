@@ -86,10 +86,13 @@ QUEUE_TAKERS = re.compile(r"^QueueDequeue")
 QUEUE_FILLERS = re.compile(r"^QueueEnqueue")
 #: Ops that read a table or a queue back.
 TABLE_OR_QUEUE_READS = re.compile(r"^(LookupTable(Find|Size|Export)|Queue(Dequeue|Size))")
+#: OpInfo.function of a TF1 while loop's Exit, whose frame nddebug cannot record (see
+#: tracer.session.loop_frames): the loop is judged at its outputs, as an opaque call.
+TF1_LOOP = "tf1 loop"
 #: OpInfo.function of calls nddebug cannot see inside: a tf.function traced before the block
-#: ("uninstrumented") or compiled with XLA ("xla"). Their outputs and the variables they can
-#: write are compared; the ops inside them are not.
-OPAQUE = ("uninstrumented", "xla")
+#: ("uninstrumented"), compiled with XLA ("xla"), or a TF1 while loop (TF1_LOOP). Their
+#: outputs and the variables they can write are compared; the ops inside them are not.
+OPAQUE = ("uninstrumented", "xla", TF1_LOOP)
 #: OpInfo.attrs key of a sum that grappler's memory optimizer turned into one AssignAdd per
 #: term, added in arrival order (tracer.optimized_sums): a known non-deterministic construct.
 ACCUMULATED_SUM = "accumulated in arrival order"
@@ -114,6 +117,16 @@ PIPELINE_OPS = "pipeline_ops"
 #: the difference (a read of the weights after an XLA step was named the source, "changed
 #: outside the traced block", probe round 43, F1).
 CALL_WRITES = "writes"
+#: OpInfo.attrs key of a TF1 loop's Exit (TF1_LOOP): the state its frame reads (resource
+#: identities, as OpInfo.resource names them): a divergent update of one before it explains
+#: the loop's outputs, which its recorded inputs do not show.
+LOOP_READS = "loop reads"
+#: OpInfo.attrs key of a variable read in a TF1 graph: the names of the updates of the same
+#: variable that the graph orders before it in the same Session.run (records arrive in no
+#: fixed order, so their sequence cannot tell).
+AFTER_WRITES = "after writes"
+#: OpInfo.attrs key of a TF1_LOOP op: the name of the loop ("while", "gradients/while").
+TF1_LOOP_NAME = "loop"
 #: The suffix of an op type in such a list (``ops_inside``, ``PIPELINE_OPS``) whose outputs
 #: are integers or booleans (its ``T`` or ``dtype`` attribute): an unweighted bincount of
 #: ``tf.strings.split``'s row lengths sums counts, the same in any order (knowledge:

@@ -22,7 +22,7 @@ from nddebug.analysis import (
     unit_values,
 )
 from nddebug.errors import NotComparableError
-from nddebug.recording import OPAQUE, Recording, restored_function
+from nddebug.recording import OPAQUE, TF1_LOOP, Recording, restored_function
 from nddebug.risks import (
     Risk,
     describe_bound,
@@ -553,6 +553,8 @@ def _row(f: Any) -> dict[str, Any]:
                 else " It runs inside a function restored from a SavedModel: check the code the "
                 "SavedModel was made from to name it."
                 if restored_function(op.op_type)
+                else " " + knowledge.advice("TF1 loop")
+                if op.function == TF1_LOOP
                 else " " + knowledge.advice("uninstrumented function")
             )
     elif op.op_type == "Step":

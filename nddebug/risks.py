@@ -19,6 +19,7 @@ from nddebug.recording import (
     PARALLEL_RANDOM,
     PIPELINE_OPS,
     PIPELINE_READERS,
+    TF1_LOOP,
     Recording,
     unseen_op_type,
 )
@@ -103,10 +104,11 @@ def known_risks(
                 # Not where the same type also runs with other outputs (float bins).
                 if t.endswith(INTEGER_OUTPUTS) and unseen_op_type(t) not in unseen
             }
-            if op.function == "uninstrumented":
-                # A call of a function traced before the block: its ops ran unseen, but what
-                # they are is known (OpInfo.attrs["ops_inside"]); a known culprit among them
-                # is a risk of the call (and under emulate_gpu() it was not emulated).
+            if op.function in ("uninstrumented", TF1_LOOP):
+                # A call of a function traced before the block (a TF1 loop's frame): its ops
+                # ran unseen, but what they are is known (OpInfo.attrs["ops_inside"]); a
+                # known culprit among them is a risk of the call (and under emulate_gpu() it
+                # was not emulated).
                 members += [
                     (f"{op.key} > {t}", t, f"{t} inside {op.op_name or op.op_type}")
                     for t in map(unseen_op_type, op.attrs.get("ops_inside", []))

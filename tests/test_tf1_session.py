@@ -327,3 +327,92 @@ def test_an_update_another_ordered_update_follows_is_compared_through_its_inputs
     update's value is read back; the machine is loaded here too."""
     out = run_python(_updates(one=False, ordered=True, runs=16, busy=2))
     assert out["verdict"] == "reproducible", out
+
+
+# A dynamic_rnn-style recurrence with v1 control flow (control flow v2 off, as in TF1): a
+# tf.compat.v1.while_loop over a TensorArray, its gradient loop, and Adam. No op can be
+# recorded inside a loop's frame: nddebug could not instrument such a Session.run at all
+# (and the search for unordered variable accesses never ended on its cycles).
+LOOP = """
+import hashlib, json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_v2_behavior()
+T, B = 12, 8
+rng = np.random.default_rng(0)
+x = tf.constant(rng.standard_normal((T, B, 6)).astype(np.float32))
+y = tf.constant(rng.standard_normal((T, B, 10)).astype(np.float32))
+start = (rng.standard_normal((16, 10)) * 0.3).astype(np.float32)
+w = tf.compat.v1.get_variable("w", initializer=tf.constant(start), use_resource=True)
+inputs = tf.TensorArray(tf.float32, size=T).unstack(x)
+
+def body(t, h, outputs):
+    z = tf.tanh(tf.matmul(tf.concat([inputs.read(t), h], 1), w))
+    if MODE == "dropout":
+        z = tf.nn.dropout(z, rate=0.3)  # unseeded, inside the loop
+    return t + 1, z, outputs.write(t, z)
+
+start_vars = [tf.constant(0), tf.zeros([B, 10]), tf.TensorArray(tf.float32, size=T)]
+_, _, outputs = tf.compat.v1.while_loop(lambda t, h, o: t < T, body, start_vars)
+loss = tf.reduce_mean((outputs.stack() - y) ** 2)
+train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+bump = w.assign_add(tf.random.uniform([16, 10]) * 1e-3)  # unseeded, outside the loop
+session = tf.compat.v1.Session()
+init = tf.compat.v1.global_variables_initializer()
+
+def step():
+    session.run(init)
+    if MODE == "bump":
+        session.run(bump)  # a divergent update the loop reads in the next run
+    value = session.run([loss, train])[0]
+    return value, hashlib.sha256(session.run(w).tobytes()).hexdigest()
+
+plain = step()
+runs = []
+for label in ("a", "b"):
+    with nddebug.trace(label=label) as rec:
+        traced = step()
+    runs.append(rec)
+report = nddebug.compare(runs)
+rows = report.culprits
+print(json.dumps({
+    "plain": [float(plain[0]), plain[1]], "traced": [float(traced[0]), traced[1]],
+    "ok": report.ok, "verdict": report.summary["verdict"],
+    "sources": [[r.op_type, r.kind] for r in report.sources.itertuples()],
+    "roles": sorted({(r.op_type, r.op_name, r.role) for r in rows.itertuples()}),
+    "why": [f.explanation for f in report.comparison.findings if f.role == "source"],
+    "warnings": report.warnings,
+}))
+"""
+
+
+def test_a_tf1_while_loop_is_compared_at_its_outputs_and_changes_nothing() -> None:
+    """The loops run unrecorded, are said to, and compare equal; training is bitwise that of
+    the plain program; no read inside the loop is called racing the update after it."""
+    out = run_python(LOOP.replace("MODE", '"clean"'))
+    assert out["traced"] == out["plain"]
+    assert out["ok"] and out["verdict"] == "reproducible", out
+    said = [w for w in out["warnings"] if "tf.compat.v1.while_loop frames" in w]
+    assert len(said) == 1 and "gradients/while, while" in said[0], out["warnings"]
+    assert not any("nothing ordering them" in w for w in out["warnings"]), out["warnings"]
+
+
+def test_an_unseeded_op_inside_a_tf1_loop_is_named_with_the_loop() -> None:
+    """The forward loop's outputs reach the step through its TensorArray: the gather that
+    reads it is the source, of kind random, named with the loop and its RandomUniform; the
+    gradient loop, fed by what differed, only propagated."""
+    out = run_python(LOOP.replace("MODE", '"dropout"'))
+    assert not out["ok"]
+    assert out["sources"] == [["TensorArrayGatherV3", "random"]], out
+    assert "TF1 while loop 'while'" in out["why"][0] and "RandomUniform" in out["why"][0]
+    exits = {role for op_type, _, role in out["roles"] if op_type == "Exit"}
+    assert exits == {"propagated"}, out["roles"]
+
+
+def test_a_tf1_loop_reading_a_divergent_update_only_propagated() -> None:
+    """The loop reads the weights an earlier Session.run updated with unseeded noise: the
+    noise is the source; the loop's outputs, from identical inputs, only carry it on."""
+    out = run_python(LOOP.replace("MODE", '"bump"'))
+    assert not out["ok"]
+    assert out["sources"] == [["RandomUniform", "random"]], out
+    assert ("TensorArrayGatherV3", "TensorArrayStack/TensorArrayGatherV3", "propagated") in [
+        tuple(r) for r in out["roles"]
+    ], out["roles"]

@@ -84,9 +84,34 @@ def _integer_outputs(node: Any) -> bool:
 
 
 def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
+    return ops_of_nodes([], graph, [name])
+
+
+def ops_of_nodes(nodes: Any, graph: Any, functions: Any = ()) -> tuple[str, ...]:
+    """The op types of ``nodes`` (NodeDefs) and of the functions they call, and of the named
+    ``functions``, as :func:`ops_inside` lists them: what an opaque part of a graph (a
+    function, a TF1 while loop's frame) holds."""
     seen: set[str] = set()
     found: set[str] = set()
-    todo = [name]
+
+    def add(node: Any) -> None:
+        op = node.op
+        if unneeded.made_by_nddebug(node.name):
+            return  # its digests, records and emulate_gpu()'s random masks
+        if op in RANDOM_OPS:
+            seeded = node.attr["seed"].i or node.attr["seed2"].i
+            found.add(f"{op}(random)" if seeded else f"{op}(unseeded)")
+        elif _integer_outputs(node):
+            found.add(f"{op}{INTEGER_OUTPUTS}")
+        else:
+            found.add(op)
+        # Calls, branches, loop bodies, a tf.data op's functions (a generator's Python
+        # ones included), a function called by its own name as an op type.
+        todo.extend(ops.callees(node))
+
+    todo = list(functions)
+    for node in nodes:
+        add(node)
     while todo:
         fname = todo.pop()
         if fname in seen:
@@ -96,19 +121,7 @@ def _ops_inside(name: str, graph: Any) -> tuple[str, ...]:
         if fdef is None:
             continue
         for node in fdef.node_def:
-            op = node.op
-            if unneeded.made_by_nddebug(node.name):
-                continue  # its digests, records and emulate_gpu()'s random masks
-            if op in RANDOM_OPS:
-                seeded = node.attr["seed"].i or node.attr["seed2"].i
-                found.add(f"{op}(random)" if seeded else f"{op}(unseeded)")
-            elif _integer_outputs(node):
-                found.add(f"{op}{INTEGER_OUTPUTS}")
-            else:
-                found.add(op)
-            # Calls, branches, loop bodies, a tf.data op's functions (a generator's Python
-            # ones included), a function called by its own name as an op type.
-            todo += ops.callees(node)
+            add(node)
     return tuple(sorted(found))
 
 
