@@ -329,3 +329,36 @@ def test_a_string_keyed_dense_table_in_state_is_put_back() -> None:
     assert w.numpy().tobytes() == twin_w.numpy().tobytes()
     for a, b in zip(table.export(), twin_table.export(), strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+FORK_IN_BLOCK = """
+import json, os, sys, tempfile
+import tensorflow as tf
+import nddebug
+
+path = os.path.join(tempfile.mkdtemp(), "fork.nddebug")
+with nddebug.trace(path=path, label="parent") as rec:
+    for i in range(5):
+        tf.reduce_sum(tf.ones([4]) * float(i))
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # the child leaves the block: its copy of the run must not be saved
+    os.waitpid(pid, 0)
+    for i in range(5):
+        tf.reduce_sum(tf.ones([4]) * float(i))
+runs = nddebug.load(path)
+print(json.dumps({
+    "held": len(rec.events), "saved": [[r.label, r.status, len(r.events)] for r in runs],
+    "warnings": runs[0].warnings,
+}))
+"""
+
+
+def test_a_child_forked_inside_a_block_does_not_save_its_half_of_the_run() -> None:
+    """The child's copy of the run has the parent's run id and the events before the fork;
+    it was saved first and the parent's whole run was dropped, so runs that differed after
+    the fork compared "reproducible" (probe round 45, F6)."""
+    out = run_python(FORK_IN_BLOCK)
+    assert out["saved"] == [["parent", "complete", out["held"]]], out
+    assert out["held"] == 30  # ones, a multiply and a sum, 5 times before the fork, 5 after
+    assert any("forked inside the block" in w for w in out["warnings"]), out["warnings"]

@@ -81,6 +81,8 @@ def trace(
     if path is not None:
         recorder.stream = EventStream(path, rec)
     drawn_from = _python_random_states() if rerun else None
+    owner = os.getpid()
+    _OPEN.append(rec)
     recorder.start()
     try:
         yield rec
@@ -94,6 +96,15 @@ def trace(
         rec.status = "interrupted"
         raise
     finally:
+        if rec in _OPEN:
+            _OPEN.remove(rec)
+        if os.getpid() != owner:
+            # A child forked inside the block (os.fork) leaving it: its copy of the run has
+            # the parent's run id and half its events. Saved, it took the parent's place in
+            # the file, and two runs that differed after the fork were "reproducible" (probe
+            # round 45, F6). The parent's block saves the run.
+            path = None
+            rec.warnings.append(FORKED_CHILD_NOTE)
         if not rec.environment.get("devices"):  # TensorFlow made them inside the block
             rec.environment["devices"] = environment.devices()
         recorder.stop()
@@ -122,6 +133,34 @@ def trace(
                         RuntimeWarning,
                         stacklevel=3,
                     )
+
+
+#: The blocks open in this process (a fork inside one is said in its run).
+_OPEN: list[Recording] = []
+#: Said in the run of a block the process forked inside.
+FORKED_NOTE = (
+    "The process forked inside the block (os.fork, a multiprocessing 'fork' pool): what the "
+    "child processes computed is not recorded here; what they hand back is compared where it "
+    "enters TensorFlow."
+)
+#: Said in a forked child's copy of the run, which is not saved.
+FORKED_CHILD_NOTE = (
+    "This process was forked inside the block: its copy of the run is not saved (the parent's "
+    "block saves the run)."
+)
+
+
+def _forked_in_parent() -> None:
+    for rec in list(_OPEN):
+        if FORKED_NOTE not in rec.warnings:
+            rec.warnings.append(FORKED_NOTE)
+
+
+def _forked_in_child() -> None:
+    _OPEN.clear()  # the parent's blocks: this process saves none of them
+
+
+os.register_at_fork(after_in_parent=_forked_in_parent, after_in_child=_forked_in_child)
 
 
 def _python_random_states() -> dict[str, str]:

@@ -15,6 +15,7 @@ memory and its end writes the rest (or reports why it cannot) as a short block's
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from nddebug.recording import Event, Recording
@@ -31,10 +32,11 @@ class EventStream:
         self.chunk = chunk or storage.CHUNK_EVENTS
         self.writer: Any = None  # storage.RunWriter once the first chunk is written
         self.failed = False  # the file could not be written: the block stays in memory
+        self.pid = os.getpid()  # a child forked inside the block writes nothing
 
     def due(self, held: int) -> bool:
         """Whether ``held`` events in memory are to be written now."""
-        return not self.failed and held >= self.chunk
+        return not self.failed and held >= self.chunk and os.getpid() == self.pid
 
     def write(self, events: list[Event]) -> bool:
         """Append ``events`` (complete steps, in seq order) as chunks; False if the file
