@@ -729,7 +729,7 @@ def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) ->
                     f"{args.script} ran no nddebug.trace() block{worker}: wrap the training "
                     "step in `with nddebug.trace():`, or pass --all to trace the whole script"
                 )
-            out.append(_load_run_file(path, i, k if n > 1 else None))
+            out.append(_load_run_file(path, i, k if n > 1 else None, procs[k].pid))
         outcome = "done"
     except KeyboardInterrupt:
         outcome = "interrupted"
@@ -745,6 +745,9 @@ def _one_run(args: argparse.Namespace, env: dict[str, str], i: int, tmp: str) ->
         blocks += " block(s) per worker"
     events = sum(len(rec) for w in out for rec in w)
     done = f"done in {time.monotonic() - start:.1f} s, {blocks}, {events} op executions"
+    if args.show_output and _Tail.open_line:
+        print(file=sys.stderr)  # not glued onto the script's unfinished last line
+        _Tail.open_line = False
     print(f"{head}: {done}" if args.show_output else done, file=sys.stderr, flush=True)
     return out
 
@@ -761,21 +764,58 @@ def _run_label(i: int, k: int | None, b: int | None = None, own: str = "") -> st
 _RUN_LABEL = re.compile(r"process (\d+)(?: worker (\d+))?(?: block (\d+))?(?:: .*)?", re.S)
 
 
-def _load_run_file(path: str, i: int, k: int | None) -> list[Any]:
-    """One process's recordings, labelled with their block (see _run_label)."""
+def _load_run_file(path: str, i: int, k: int | None, root: int | None = None) -> list[Any]:
+    """One process's recordings, labelled with their block (see _run_label); with ``root``,
+    the pid of the process `nddebug run` started, its blocks first and then those of the
+    processes it started (see _by_origin)."""
     from nddebug.storage import load
 
     recs = load(path)
     default = _run_label(i, k)
+    recs, children = _by_origin(recs, root)
     for b, rec in enumerate(recs):
         own = "" if rec.label == default else rec.label
+        if id(rec) in children:  # a block of another process: say which program made it
+            program = rec.environment.get("program") or "python"
+            own = f"{own} (in a child process, {program})" if own else f"a child process, {program}"
         rec.label = _run_label(i, k, b if len(recs) > 1 else None, own)
     return recs
+
+
+def _by_origin(recs: list[Any], root: int | None) -> tuple[list[Any], set[int]]:
+    """The blocks of one run in an order that is the same in every run, and the ids of
+    those another process recorded. A script's child processes (a launcher's train.py, a
+    multiprocessing pool's tasks) save their blocks into the same file, in the order they
+    finish: run 1 had the child's block first, run 2 the parent's, and two programs'
+    blocks were compared with each other (probe round 45, F5). The started process's own
+    blocks come first, in their order; then the others, by program, label and place
+    among that process's blocks of that program and label. Blocks of several processes of
+    one program with no label to tell them apart are still in the order they finished."""
+    pids = {rec.environment.get("pid") for rec in recs}
+    if root is None or len(pids) < 2:
+        return recs, set()
+    own = [rec for rec in recs if rec.environment.get("pid") == root]
+    others = [rec for rec in recs if rec.environment.get("pid") != root]
+    seen: dict[tuple[Any, str, str], int] = {}
+
+    def key(rec: Any) -> tuple[str, str, int]:
+        program, label = str(rec.environment.get("program") or ""), rec.label
+        place = seen.get((rec.environment.get("pid"), program, label), 0)
+        seen[(rec.environment.get("pid"), program, label)] = place + 1
+        return program, label, place
+
+    keyed = [(key(rec), n, rec) for n, rec in enumerate(others)]
+    ordered = [rec for _, _, rec in sorted(keyed, key=lambda x: (x[0], x[1]))]
+    return own + ordered, {id(rec) for rec in others}
 
 
 class _Tail:
     """Copies what a run writes to its output file onto this process's standard error, whole
     lines at a time (a run's standard output and error are copied in turns)."""
+
+    #: Whether the last bytes copied left a line open (a script's last line without its end):
+    #: nddebug's own next line starts on a new one.
+    open_line = False
 
     def __init__(self, path: str) -> None:
         self.path, self.offset, self.pending = path, 0, b""
@@ -797,6 +837,7 @@ class _Tail:
         data, self.pending = data[:cut], data[cut:]
         if not data:
             return
+        _Tail.open_line = not data.endswith((b"\n", b"\r"))
         try:
             sys.stderr.flush()
             buffer = getattr(sys.stderr, "buffer", None)

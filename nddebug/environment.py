@@ -41,6 +41,9 @@ def capture() -> dict[str, Any]:
     # The script that recorded it, by file name (the same on every machine): runs of two
     # scripts appended to one file are told apart (see analysis.compare_recordings).
     env["program"] = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    # Which process: `nddebug run` orders the blocks of a script's child processes, which
+    # save into the same file, after its own (see cli._by_origin).
+    env["pid"] = os.getpid()
     task = _cluster_task()
     if task is not None:
         env["cluster_task"] = task  # which worker of a multi-worker job recorded this

@@ -67,6 +67,7 @@ CHATTY = """
         tf.reduce_sum(tf.ones([4]) * 2.0)
     chatter("after")
     print("CHATTY-END", file=sys.stderr)
+    sys.stderr.write("progress 95%")  # a last line left open
 """
 
 
@@ -130,6 +131,8 @@ def test_show_output_passes_the_runs_output_through_to_standard_error(tmp_path) 
     assert "xxxx" not in result.stdout and "reproducible — 2 runs" in result.stdout
     assert err.index(f"nddebug: run 1/2: {script}\n") < err.index("CHATTY-END")
     assert f"nddebug: run 2/2: {script}: done in " in err
+    # Not glued onto the script's open last line (probe round 45, F3).
+    assert f"progress 95%\nnddebug: run 1/2: {script}: done in " in err
 
 
 def test_a_script_that_asks_for_input_fails_at_once_instead_of_waiting(tmp_path) -> None:
@@ -206,6 +209,58 @@ def test_a_script_that_fails_before_any_op_under_all_saves_no_empty_recording(tm
     assert result.returncode == 2, result.stderr[-3000:]
     assert "run 1 failed" in result.stderr and "SyntaxError" in result.stderr
     assert "recording(s)" not in result.stderr, result.stderr[-3000:]
+
+
+def test_blocks_of_a_child_process_are_matched_by_origin_not_by_finishing_order(
+    tmp_path,
+) -> None:
+    """A launcher and the script it starts each record a block, into the same file, in the
+    order they finish: the child's first in run 1, the parent's first in run 2. Matched by
+    that order, two programs' blocks were compared: "NOT reproducible" for runs that agreed
+    (probe round 45, F5)."""
+    child = _script(
+        tmp_path,
+        "child.py",
+        """
+        import os, sys, time
+
+        import tensorflow as tf
+
+        import nddebug
+
+        while sys.argv[1] != "now" and not os.path.exists(sys.argv[1]):
+            time.sleep(0.05)  # run 2: the parent's block ends first
+        with nddebug.trace():
+            tf.reduce_sum(tf.ones([4]) * 3.0)
+        """,
+    )
+    parent = _script(
+        tmp_path,
+        "launcher.py",
+        f"""
+        import os, subprocess, sys
+
+        import tensorflow as tf
+
+        import nddebug
+
+        count = {str(tmp_path / "count")!r}
+        n = len(open(count).read()) if os.path.exists(count) else 0
+        open(count, "a").write("x")
+        go = {str(tmp_path / "go")!r} + str(n)
+        child = subprocess.Popen([sys.executable, {child!r}, "now" if n == 0 else go])
+        with nddebug.trace():
+            for i in range(3):
+                tf.matmul(tf.ones([2, 2]), tf.ones([2, 2]) * float(i))
+            if n == 0:
+                child.wait()  # run 1: the child's block ends first
+        open(go, "w").close()
+        child.wait()
+        """,
+    )
+    result = _nddebug("run", "-n", "2", parent)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.count("reproducible — 2 runs") == 2, result.stdout
 
 
 def test_a_script_that_raises_keyboardinterrupt_itself_failed_it_was_not_interrupted(
