@@ -508,10 +508,10 @@ def check(
         if passes and passes not in warnings:
             warnings.append(passes)
             warm.warnings.append(passes)
-        written = _summaries_note(warm)
-        if written and written not in warnings:
-            warnings.append(written)
-            warm.warnings.append(written)
+        for written in (_summaries_note(warm), _checkpoints_note(warm)):
+            if written and written not in warnings:
+                warnings.append(written)
+                warm.warnings.append(written)
         missed = (
             unrestored_updates(warm, [*keeper.variables, *keeper.tables], unheld.identities())
             if mode == "repeat"
@@ -986,6 +986,34 @@ def _summaries_note(rec: Recording) -> str:
         "step counter back (an optimizer's iterations), otherwise at the next step numbers, "
         "which shifts the steps after the check. Check a step that writes no summaries, or "
         "write them outside the checked function."
+    )
+
+
+#: Ops that write a checkpoint's files (tf.train.Checkpoint.save/write, CheckpointManager).
+CHECKPOINT_WRITES = re.compile(r"^(SaveV2|SaveSlices|Save|MergeV2Checkpoints)$")
+
+
+def _checkpoints_note(rec: Recording) -> str:
+    """What check()'s runs do to the user's checkpoints ("" if nothing): every run of a step
+    that saves one saves again, and a CheckpointManager numbers each save on and deletes
+    the oldest beyond max_to_keep: a check of 3 repeats left ckpt-8..10, and the real
+    ckpt-1 and ckpt-2 were gone (probe round 45, F4)."""
+    ran = {ev.op_id for ev in rec.events}
+    found = sorted(
+        {
+            f"{op.op_type} at {op.location}" if op.location else op.op_type
+            for op_id, op in rec.ops.items()
+            if op_id in ran and CHECKPOINT_WRITES.match(op.op_type)
+        }
+    )
+    if not found:
+        return ""
+    return (
+        f"The step saves checkpoints ({', '.join(found[:3])}): each of check()'s runs saved "
+        "again, so the folder holds other files than one step would leave: a "
+        "CheckpointManager numbers every save on (its save counter is a variable of its own) "
+        "and deletes the oldest beyond max_to_keep, which may be checkpoints saved before the "
+        "check. Check a step that saves no checkpoint, or save outside the checked function."
     )
 
 

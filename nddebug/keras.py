@@ -11,7 +11,7 @@ from nddebug.errors import NddebugError
 
 #: How check()'s warnings about what its runs added to the user's files begin: the callback
 #: says them even when the check passed (probe round 36: summaries written in train_step).
-SIDE_EFFECTS = ("The step writes summaries",)
+SIDE_EFFECTS = ("The step writes summaries", "The step saves checkpoints")
 
 
 class NonDeterminismError(NddebugError):

@@ -768,6 +768,31 @@ def test_a_summary_written_with_a_python_step_counter_changes_no_verdict(tmp_pat
     assert not any("summaries" in m for m in quiet.warnings), quiet.warnings
 
 
+def test_a_step_that_saves_checkpoints_is_said_to_have_saved_them_in_every_run(tmp_path) -> None:
+    """Every run of check() saved again: a CheckpointManager numbered the saves on and its
+    max_to_keep deleted checkpoints saved before the check, without a word (probe round
+    45, F4). A step that saves none says nothing."""
+    w = tf.Variable(tf.ones([4]))
+    checkpoint = tf.train.Checkpoint(w=w)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2)
+
+    def update():
+        w.assign(w * 0.5 + 1.0)
+        return tf.reduce_sum(w)
+
+    def step():
+        loss = update()
+        manager.save()
+        return loss
+
+    report = nddebug.check(step, state=[w, checkpoint.save_counter], repeats=2)
+    said = [m for m in report.warnings if m.startswith("The step saves checkpoints")]
+    assert len(said) == 1 and "SaveV2 at " in said[0], report.warnings
+    assert "max_to_keep" in said[0]
+    quiet = nddebug.check(update, state=w, repeats=2)
+    assert not any("checkpoint" in m for m in quiet.warnings), quiet.warnings
+
+
 def test_a_variable_the_step_updates_but_state_does_not_hold_is_named() -> None:
     """A custom loop's optimizer slot left out of state=. Updated inside a tf.function, it is
     read before the call and put back by check() itself (tracer.unheld): reproducible, and
