@@ -98,6 +98,12 @@ OPAQUE = ("uninstrumented", "xla", TF1_LOOP)
 ACCUMULATED_SUM = "accumulated in arrival order"
 #: Warnings that start with this say what a run could not compare: the verdict cannot be "ok".
 NOT_COMPARED = "Not compared: "
+#: In a run a storage.RunWriter writes, until close(): the run's status reads "interrupted"
+#: and this warning is in its warnings; close() replaces both.
+UNCLOSED_WARNING = (
+    "This run was not closed: the process writing it stopped (or is still writing it) after "
+    "the op executions stored here; the rest of the run is not in the file."
+)
 #: The name scope of nddebug.emulate_gpu()'s ops (see nddebug.emulate), and of the gradient
 #: ops TensorFlow makes for them: its random masks run only while its switch is on, and are
 #: no op of the user's.

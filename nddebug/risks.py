@@ -20,6 +20,7 @@ from nddebug.recording import (
     PIPELINE_OPS,
     PIPELINE_READERS,
     TF1_LOOP,
+    UNCLOSED_WARNING,
     Recording,
     unseen_op_type,
 )
@@ -231,10 +232,20 @@ def setup_notes(recordings: list[Recording]) -> list[str]:
     not the step's)."""
     notes = []
     interrupted = [i for i, r in enumerate(recordings) if r.status == "interrupted"]
-    if interrupted:
+    # A run a file holds unclosed was not stopped by an exception: its process died, or is
+    # still writing it (`nddebug report` on a file a long run streams to; probe round 45, F2).
+    unclosed = [i for i in interrupted if UNCLOSED_WARNING in recordings[i].warnings]
+    raised = [i for i in interrupted if i not in unclosed]
+    if raised:
         notes.append(
-            f"run(s) {interrupted} ended with an exception inside the block: they were "
+            f"run(s) {raised} ended with an exception inside the block: they were "
             "compared only as far as they ran."
+        )
+    if unclosed:
+        notes.append(
+            f"run(s) {unclosed} were not closed in their file (the process writing them "
+            "stopped, or is still writing them): they were compared only as far as they "
+            "were written."
         )
     for field, what in (
         ("tensorflow", "TensorFlow versions"),

@@ -46,6 +46,7 @@ import numpy as np
 
 from nddebug.errors import RecordingFileError
 from nddebug.recording import (
+    UNCLOSED_WARNING,
     Digest,
     Event,
     OpInfo,
@@ -814,12 +815,6 @@ _CODECS = ("raw", "zlib")
 _REQUIRED = ("op_id", "call", "outputs", "inputs", "codes", "digests")
 _OPTIONAL = ("seq", "shapes", "ranks", "dims", "null_dims", "reruns", "rerun_outputs")
 _INT64_MAX = np.iinfo(np.int64).max
-#: In RunWriter runs until close(): the run's status reads "interrupted" and this warning is
-#: in its warnings; close() replaces both.
-UNCLOSED_WARNING = (
-    "This run was not closed: the process writing it stopped (or is still writing it) after "
-    "the op executions stored here; the rest of the run is not in the file."
-)
 
 
 @dataclasses.dataclass

@@ -844,3 +844,26 @@ def test_chunks_written_before_the_check_still_load(tmp_path):
         con.execute("UPDATE chunks SET data = ?", (data[:-8] + b"junk",))
     with pytest.raises(nddebug.RecordingFileError, match="not a check"):
         nddebug.load(str(path))
+
+
+def test_a_run_still_being_written_is_not_said_to_have_raised(tmp_path) -> None:
+    """`nddebug report` on a file a long run streams to: the open run reads "interrupted",
+    and the report said it "ended with an exception inside the block" (probe round 45, F2).
+    A run whose block raised still says so."""
+    x = tf.constant(np.ones([4, 4], np.float32))
+    runs = []
+    for label in ("a", "b"):
+        with nddebug.trace(label=label) as rec:
+            tf.matmul(x, x)
+        runs.append(rec)
+    path = tmp_path / "live.nddebug"
+    storage.save([runs[0]], str(path))
+    header = dataclasses.replace(runs[1], ops={}, events=[])
+    writer = storage.RunWriter(str(path), header)
+    writer.append(runs[1].events, runs[1].ops)  # the second run is still being written
+    notes = " ".join(str(nddebug.compare(nddebug.load(str(path)))).split())
+    assert "run(s) [1] were not closed in their file" in notes, notes
+    assert "exception" not in notes, notes
+    raised = dataclasses.replace(runs[1], status="interrupted")
+    notes = " ".join(str(nddebug.compare([runs[0], raised])).split())
+    assert "run(s) [1] ended with an exception inside the block" in notes, notes
