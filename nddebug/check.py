@@ -966,18 +966,23 @@ def _passes_note(rec: Recording, first_new_id: int) -> str:
 SUMMARY_WRITES = re.compile(r"^(Write\w*Summary|ImportEvent)$")
 
 
+def _ran(rec: Recording, types: re.Pattern[str]) -> list[str]:
+    """The ops of those types that ran in ``rec``, as "SaveV2 at train.py:12 (step)"."""
+    ran = {ev.op_id for ev in rec.events}
+    return sorted(
+        {
+            f"{op.op_type} at {op.location}" if op.location else op.op_type
+            for op_id, op in rec.ops.items()
+            if op_id in ran and types.match(op.op_type)
+        }
+    )
+
+
 def _summaries_note(rec: Recording) -> str:
     """What check()'s runs add to the user's logs ("" if nothing): every run of a step that
     writes summaries writes them again, at the step number state= put back, so TensorBoard
     showed five points at one step (probe round 35, finding 4). Only the ops that ran."""
-    ran = {ev.op_id for ev in rec.events}
-    found = sorted(
-        {
-            f"{op.op_type} at {op.location}" if op.location else op.op_type
-            for op_id, op in rec.ops.items()
-            if op_id in ran and SUMMARY_WRITES.match(op.op_type)
-        }
-    )
+    found = _ran(rec, SUMMARY_WRITES)
     if not found:
         return ""
     return (
@@ -998,14 +1003,7 @@ def _checkpoints_note(rec: Recording) -> str:
     that saves one saves again, and a CheckpointManager numbers each save on and deletes
     the oldest beyond max_to_keep: a check of 3 repeats left ckpt-8..10, and the real
     ckpt-1 and ckpt-2 were gone (probe round 45, F4)."""
-    ran = {ev.op_id for ev in rec.events}
-    found = sorted(
-        {
-            f"{op.op_type} at {op.location}" if op.location else op.op_type
-            for op_id, op in rec.ops.items()
-            if op_id in ran and CHECKPOINT_WRITES.match(op.op_type)
-        }
-    )
+    found = _ran(rec, CHECKPOINT_WRITES)
     if not found:
         return ""
     return (
