@@ -235,17 +235,15 @@ class SessionHook:
         loops = [loop, *_LOOP_DEPENDS.get(graph, {}).get(loop, ())]
         frame_ops = [o for name in loops for o in memo.get(name, {}).values()]
         inside = opaque.ops_of_nodes([o.node_def for o in frame_ops], graph)
-        name = instrument.graph_name(graph)
         used, written = _LOOP_STATE.get(graph, {}).get(loop, ([], []))
-        for info in REGISTRY.ops.values():
-            if info.op_name == op.name and info.graph == name:
-                info.function = TF1_LOOP
-                info.attrs["ops_inside"] = list(inside)
-                info.attrs[TF1_LOOP_NAME] = loop
-                if used:  # what the loop put out depends on them (an Exit, or a gather)
-                    info.attrs[LOOP_READS] = used
-                if written and op.type in _LOOP_EXITS:
-                    info.attrs[CALL_WRITES] = written
+        for info in _infos(graph).get(op.name, ()):
+            info.function = TF1_LOOP
+            info.attrs["ops_inside"] = list(inside)
+            info.attrs[TF1_LOOP_NAME] = loop
+            if used:  # what the loop put out depends on them (an Exit, or a gather)
+                info.attrs[LOOP_READS] = used
+            if written and op.type in _LOOP_EXITS:
+                info.attrs[CALL_WRITES] = written
 
     def _note_order(self, graph: Any, after: dict[str, list[str]]) -> None:
         """Give each read the updates of its variable that the graph orders before it in the
@@ -254,10 +252,10 @@ class SessionHook:
         source of what the update wrote."""
         if not after:
             return
-        name = instrument.graph_name(graph)
-        for info in REGISTRY.ops.values():
-            if info.graph == name and info.op_name in after:
-                info.attrs[AFTER_WRITES] = after[info.op_name]
+        by_name = _infos(graph)
+        for op_name, writes in after.items():
+            for info in by_name.get(op_name, ()):
+                info.attrs[AFTER_WRITES] = writes
 
     def _note_races(
         self, graph: Any, reads: dict[Any, list[Any]], writes: dict[Any, list[Any]]
@@ -268,9 +266,8 @@ class SessionHook:
         rec = self.recorder
         for op, others in [*reads.items(), *writes.items()]:
             names = sorted(w.name for w in others)
-            for info in REGISTRY.ops.values():
-                if info.op_name == op.name and info.graph == instrument.graph_name(graph):
-                    info.attrs["races_with"] = names
+            for info in _infos(graph).get(op.name, ()):
+                info.attrs["races_with"] = names
             if op in reads:
                 text = (
                     f"{op.name} reads a variable that {', '.join(names)} also writes in the "
@@ -445,6 +442,25 @@ def loop_inputs(executed: list[Any], frames: dict[str, str]) -> dict[str, list[A
             readers[op.name] = upstream[-1]
             out[op.name] = [t for m in upstream for e in exits[m] for t in e.outputs]
     return out
+
+
+#: Per graph: (the registry's size and last op id, its OpInfos by op name) (see _infos).
+_INFOS = GraphMemo("session_infos")
+
+
+def _infos(graph: Any) -> dict[str, list[OpInfo]]:
+    """The registry's OpInfos of ``graph``'s ops by op name, rebuilt only when the registry
+    grew: every Session.run looked each op up in all of it."""
+    held, by_name = _INFOS.get(graph, (None, {}))
+    now = (len(REGISTRY.ops), next(reversed(REGISTRY.ops), None))  # its size and last id
+    if held != now:
+        name = instrument.graph_name(graph)
+        by_name = {}
+        for info in list(REGISTRY.ops.values()):
+            if info.graph == name:
+                by_name.setdefault(info.op_name, []).append(info)
+        _INFOS[graph] = (now, by_name)
+    return by_name
 
 
 def attrs_of(op: Any) -> dict[str, Any]:
