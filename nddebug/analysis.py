@@ -32,6 +32,7 @@ from nddebug.recording import (
     INPUT_FORM,
     LOOP_READS,
     LOOPS_AND_BRANCHES,
+    MERGE_OPS,
     NOT_COMPARED,
     OPAQUE,
     OTHER_THREADS,
@@ -964,8 +965,9 @@ def _state_propagation(
             elif len(first) < len(f.units):
                 f.units = first
                 f.first_seq = min(ref_seq.get(u, 1 << 62) for u in first)
-        elif f.op.op_type in SHAPE_ONLY_OPS:
-            # It reads only shapes: a differing output means a shape upstream differed.
+        elif f.op.op_type in SHAPE_ONLY_OPS or f.op.op_type in MERGE_OPS:
+            # It reads only shapes: a differing output means a shape upstream differed. A
+            # TF1 Merge hands on what a branch made: the difference is the branch's.
             f.role = "propagated"
         elif f.op.op_type == "ReturnValue" and explained:
             f.role = "propagated"

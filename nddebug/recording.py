@@ -50,6 +50,12 @@ ARGUMENT_BY_CALLER = "reads an argument of its function that the call's record h
 #: no inputs; what they output is a function of shapes alone, so they are never a source: a
 #: differing output means a shape upstream differed.
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+#: TF1 control flow's Merge: it hands on whichever input a branch made, the other being dead
+#: (not computed). Its record reads no input digest: one from the branch that did not run is
+#: dead too, and a record with a dead input never runs, nor any record that reads its digest
+#: (everything after a tf.compat.v1.cond went unrecorded, and a run that differed there was
+#: "reproducible": probe round 46, F2). It computes nothing: a difference is the branch's.
+MERGE_OPS = frozenset({"Merge", "RefMerge"})
 #: Ops that read the state behind their resource handle (OpInfo.resource) and leave it as it
 #: was. Every other op on a resource may change it (an update, an insert, a dequeue, an
 #: iterator's next), so a later read of the same resource after one that diverged carries its

@@ -416,3 +416,66 @@ def test_a_tf1_loop_reading_a_divergent_update_only_propagated() -> None:
     assert ("TensorArrayGatherV3", "TensorArrayStack/TensorArrayGatherV3", "propagated") in [
         tuple(r) for r in out["roles"]
     ], out["roles"]
+
+
+# v1 control flow's cond (Switch/Merge, one branch dead), then what follows it; and a CPU
+# culprit of the knowledge base in a TF1 graph.
+AFTER_COND = """
+import json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_v2_behavior()
+x = tf.constant(np.arange(8, dtype=np.float32))
+pick = tf.compat.v1.placeholder_with_default(True, [])
+c = tf.compat.v1.cond(pick, lambda: x * 2.0, lambda: x - 1.0)
+d = tf.sqrt(tf.abs(c) + 1.0)
+if NOISE:
+    d = tf.cast(tf.random.categorical(tf.reshape(d, [1, 8]), 16), tf.float32)  # unseeded
+total = tf.reduce_sum(d)
+zeros = tf.zeros_initializer()
+v = tf.compat.v1.get_variable("v", [4096, 64], use_resource=True, initializer=zeros)
+idx = tf.constant(np.random.RandomState(0).randint(0, 4096, 65536).astype(np.int32))
+rows = tf.constant(np.random.RandomState(1).randn(65536, 64).astype(np.float32))
+with tf.control_dependencies([tf.compat.v1.scatter_add(v, idx, rows)]):
+    scattered = tf.reduce_sum(v.read_value() * 1.0)
+session = tf.compat.v1.Session()
+out = {}
+for name, fetch in (("cond", total), ("scatter", scattered)):
+    runs = []
+    for label in ("a", "b", "c"):
+        session.run(v.initializer)
+        with nddebug.trace(label=label) as rec:
+            session.run(fetch)
+        runs.append(rec)
+    report = nddebug.compare(runs)
+    out[name] = {
+        "ok": report.ok, "verdict": report.summary["verdict"],
+        "types": sorted({op.op_type for op in runs[0].ops.values()}),
+        "sources": [[r.op_type, r.kind, r.device] for r in report.sources.itertuples()],
+        "risks": [[r.op_type, r.device] for r in report.risks.itertuples()],
+    }
+print(json.dumps(out))
+"""
+
+
+def test_the_ops_after_a_tf1_cond_are_recorded_and_a_culprit_there_named() -> None:
+    """A record read its inputs' digests, and one branch of a TF1 cond is dead: the Merge's
+    record never ran, nor any record after it, and a run that differed after the cond was
+    "reproducible", ok True (probe round 46, F2)."""
+    clean = run_python(AFTER_COND.replace("NOISE", "False"))["cond"]
+    assert {"Sqrt", "Sum", "Merge"} <= set(clean["types"]), clean
+    assert clean["ok"] and clean["verdict"] == "reproducible", clean
+    noisy = run_python(AFTER_COND.replace("NOISE", "True"))["cond"]
+    assert not noisy["ok"]
+    assert [s[:2] for s in noisy["sources"]] == [["Multinomial", "random"]], noisy
+
+
+def test_a_cpu_culprit_in_a_tf1_graph_is_matched_on_the_cpu() -> None:
+    """Unplaced TF1 ops were "on ?": a CPU ResourceScatterAdd with duplicate indices was kind
+    "other" with the advice to restore state (which was restored), or "reproducible" when
+    the runs happened to agree (probe round 46, F7)."""
+    out = run_python(AFTER_COND.replace("NOISE", "False"))["scatter"]
+    assert not out["ok"], out
+    named = out["sources"] or out["risks"]  # differed in these runs, or listed as a risk
+    assert [s[0] for s in named] == ["ResourceScatterAdd"], out
+    assert all(s[-1].endswith("CPU:0") for s in named), out
+    if out["sources"]:
+        assert out["sources"][0][1] == "numerical", out

@@ -22,6 +22,7 @@ from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     DATASET_PASSES,
     EMULATION_SCOPE,
+    MERGE_OPS,
     NOT_COMPARED,
     PARALLEL_RANDOM,
     PER_REPLICA,
@@ -1716,8 +1717,8 @@ def instrument_op(
     else:
         v1 = is_v1_graph(graph)
         by_caller = False
-        if op_type in SHAPE_ONLY_OPS:
-            in_digests, per_input = [], []  # they read shapes, not values (SHAPE_ONLY_OPS)
+        if op_type in SHAPE_ONLY_OPS or op_type in MERGE_OPS:
+            in_digests, per_input = [], []  # they read shapes (SHAPE_ONLY_OPS); MERGE_OPS
         else:
             args, readers = _call_inputs(callee, inputs)
             in_digests, per_input, fused_with, inside, by_caller = _input_digests(

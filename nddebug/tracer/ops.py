@@ -29,6 +29,10 @@ ALIAS_OPS = {
     "EnsureShape": None,
     "Bitcast": None,
     "Reshape": 0,  # output 0 <- input 0 (other inputs are shapes/axes)
+    # TF1 control flow's Switch: either output is its data input (the other is dead). Its
+    # own record would read both and never run, nor the records reading its digest.
+    "Switch": 0,
+    "RefSwitch": 0,
     "ExpandDims": 0,
     "Squeeze": 0,
 }

@@ -146,7 +146,7 @@ class SessionHook:
             _local.in_run = False
         with inside_nddebug():
             rec.drain()
-            self._record_run(fetches)
+            self._record_run(sess, fetches)
         return result
 
     def _instrument(self, graph: Any, executed: list[Any]) -> list[Any]:
@@ -283,7 +283,7 @@ class SessionHook:
             if op in reads or op.name < names[0]:  # updates that race: said once, by the first
                 ops.warn_once(rec.recording, text)
 
-    def _record_run(self, fetches: Any) -> None:
+    def _record_run(self, sess: Any, fetches: Any) -> None:
         """The run itself, as the top-level unit of the op executions it delivered."""
         rec = self.recorder
         location, site = eager_location(rec.lib_dirs)
@@ -306,7 +306,11 @@ class SessionHook:
                 stateful=True,
             )
         seq = rec.next_seq()
-        rec.append(Event(seq=seq, op_id=op_id, call=seq, digests=[]), call_device="")
+        device = _run_device(sess)
+        if device and not rec.recording.environment.get("devices"):
+            # TF1 graph mode starts no eager runtime to list them: the session's own.
+            rec.recording.environment["devices"] = list(_SESSION_DEVICES.get(id(sess), []))
+        rec.append(Event(seq=seq, op_id=op_id, call=seq, digests=[]), call_device=device)
 
 
 #: The ops that hand a TF1 loop's values out of its frame.
@@ -461,6 +465,29 @@ def _infos(graph: Any) -> dict[str, list[OpInfo]]:
                 by_name.setdefault(info.op_name, []).append(info)
         _INFOS[graph] = (now, by_name)
     return by_name
+
+
+def _run_device(sess: Any) -> str:
+    """Where a Session.run puts the ops it was not told to place: its first GPU, else the CPU
+    (TensorFlow's placer; an op with no kernel there goes to the CPU all the same). Its ops
+    are stamped with it, as a tf.function call's are with the call's device: unplaced, they
+    were "on ?", and the knowledge base's CPU culprits (ResourceScatterAdd) were never
+    matched in a TF1 job (probe round 46, F7)."""
+    from nddebug import knowledge
+
+    found = _SESSION_DEVICES.get(id(sess))
+    if found is None:
+        try:
+            found = [d.name for d in sess.list_devices()]
+        except Exception:  # noqa: BLE001 - a remote or closed session: left unplaced
+            found = []
+        _SESSION_DEVICES[id(sess)] = found
+    gpus = [d for d in found if knowledge.device_kind(d) == "GPU"]
+    return gpus[0] if gpus else next((d for d in found if knowledge.device_kind(d) == "CPU"), "")
+
+
+#: A session's devices by id(session) (listing them asks the runtime each time).
+_SESSION_DEVICES: dict[int, list[str]] = {}
 
 
 def attrs_of(op: Any) -> dict[str, Any]:
