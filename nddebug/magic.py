@@ -61,9 +61,10 @@ class NddebugMagics(Magics):
         every TensorFlow op's outputs bitwise, and show which op made the runs differ.
 
         The cell runs in the notebook's namespace. tf.functions in the namespace are
-        retraced for the check, so their ops are seen even if they ran before. Afterwards the
-        state is as after one ordinary run of the cell, and the report is also stored in
-        ``_nddebug_report``.
+        retraced for the check, so their ops are seen even if they ran before. Every run starts
+        from the namespace as it was (names the cell binds, items of lists, dicts and sets it
+        changes in place). Afterwards the state is as after one ordinary run of the cell, and
+        the report is also stored in ``_nddebug_report``.
 
         ``-o FILE`` is checked before the cell runs (its folder must exist and be writable; an
         existing recording file must be one nddebug can append to) and written after the
@@ -120,10 +121,42 @@ class _CellStep:
         filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
         self.code = compile(source, filename, "exec")
         self._copies: dict[frozenset[str], dict[str, Any]] = {}
+        self._names: dict[str, Any] | None = None  # the namespace before the first run
+        self._contents: dict[str, Any] = {}  # and its lists', dicts' and sets' items
+
+    def _reset(self) -> None:
+        """Start every run from the namespace as the magic found it: the names the cell binds
+        (``i += 1``, ``loss = ...``) and the items of the lists, dicts and sets it changes in
+        place (``hist.append(i)``). check() runs the cell 5 to 8 times: the notebook was left
+        with ``i == 5``, and a step fed ``i`` differed in every run by the magic's own doing
+        (probe round 46). Deeper changes (an object's attributes, a list inside a list) are
+        not undone."""
+        import copy
+
+        ns = self.shell.user_ns
+        if self._names is None:
+            self._names = dict(ns)
+            self._contents = {
+                name: copy.copy(value)
+                for name, value in ns.items()
+                if type(value) in (list, dict, set)
+            }
+            return
+        for name in [n for n in ns if n not in self._names]:
+            del ns[name]  # bound by an earlier run
+        ns.update(self._names)
+        for name, items in self._contents.items():
+            value = self._names[name]
+            if isinstance(value, list):
+                value[:] = items
+            else:
+                value.clear()
+                value.update(items)
 
     def __call__(self) -> None:
         from nddebug.tracer import Recorder
 
+        self._reset()
         ns = self.shell.user_ns
         active = Recorder.active
         if active is None:

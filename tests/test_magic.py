@@ -65,7 +65,9 @@ def result(tmp_path_factory) -> dict:
         assert setup.success, setup.error_in_exec
         user_function = shell.user_ns["noisy_step"]
 
-        cell = "loss = train(x, y)\\n"
+        shell.user_ns.update(calls=0, seen=[])
+        # The cell's Python state changes too: every run starts from it as it was.
+        cell = "calls += 1\\nseen.append(calls)\\nloss = train(x, y * calls)\\n"
         ok = shell.run_cell_magic("nddebug", "-n 2 --state model opt", cell)
         ns = shell.user_ns
         ns["twin_train"](ns["x"], ns["y"])
@@ -97,6 +99,7 @@ def result(tmp_path_factory) -> dict:
             "ok_warnings": ok.warnings,
             "one_step": one_step,
             "loss_set": "loss" in shell.user_ns,
+            "python_state": [shell.user_ns["calls"], shell.user_ns["seen"]],
             "stored": shell.user_ns["_nddebug_report"] is bad,
             "mimes": sorted(data),
             "html_verdict": "nddebug: reproducible</h3>" in data["text/html"],
@@ -127,6 +130,8 @@ def test_deterministic_keras_cell_is_reproducible_and_advances_one_step(result) 
     # Weights and optimizer slots bitwise as after one ordinary step of the user's function.
     assert result["one_step"], "the model must be as after one ordinary training step"
     assert result["loss_set"], "the cell runs in the user's namespace"
+    # As after one run of the cell: check() ran it 5 times, each from the namespace as it was.
+    assert result["python_state"] == [1, [1]], result["python_state"]
     assert result["mimes"] == ["text/html", "text/plain"] and result["html_verdict"]
 
 
