@@ -148,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Compares the first run of A with the first run of B (e.g. two machines, TF "
             "versions or devices): first the environment differences, then the first op "
-            "where the computations part, and the ops after it."
+            "where the computations part, and the ops after it. Files `nddebug run -o` "
+            "wrote are compared block by block."
         ),
     )
     diff.add_argument("a")
@@ -1021,17 +1022,48 @@ def _workers_agree(per_run: list[list[list[Any]]], b: int, workers: int, out: An
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from nddebug.check import compare, load
+    from nddebug.check import load
 
     a_runs, b_runs = load(args.a), load(args.b)
     if not a_runs or not b_runs:
         raise UsageError("both files must hold at least one run")
-    a, b = a_runs[0], b_runs[0]
+    # A file `nddebug run -o` wrote holds each run's trace blocks: every block of the first
+    # run is compared, not block 1 alone ("agree bit for bit" while block 2 differed; probe
+    # round 46, F5).
+    a_blocks, b_blocks = _first_run_blocks(a_runs), _first_run_blocks(b_runs)
+    n = min(len(a_blocks), len(b_blocks))
+    pieces, status = [], OK
+    if len(a_blocks) != len(b_blocks):
+        pieces.append(
+            f"nddebug: {args.a} holds {len(a_blocks)} trace block(s) per run and {args.b} "
+            f"{len(b_blocks)}: the first {n} are compared, in order."
+        )
+        status = FOUND
+    for k in range(n):
+        if n > 1:
+            pieces.append(f"\n=== trace block {k + 1} of {n} ===")
+        text, ok = _diff_pair(a_blocks[k], b_blocks[k])
+        pieces.append(text)
+        status = max(status, OK if ok else FOUND)
+    _say("\n".join(pieces).lstrip("\n"))
+    return status
+
+
+def _first_run_blocks(recordings: list[Any]) -> list[Any]:
+    """The trace blocks of a file's first run (worker 0) for a file `nddebug run -o` wrote,
+    else its first recording alone."""
+    per_run = _as_runs(recordings)
+    return list(per_run[0][0]) if per_run else recordings[:1]
+
+
+def _diff_pair(a: Any, b: Any) -> tuple[str, bool]:
+    """The environment differences and the comparison of two runs, and whether they agree."""
     from nddebug.analysis import flat_environment
+    from nddebug.check import compare
 
     ea, eb = flat_environment(a.environment), flat_environment(b.environment)
     lines = ["Environment differences:"]
-    skip = ("machine", "seeds.python_random_state_hash")
+    skip = ("machine", "seeds.python_random_state_hash", "pid")
     changed = [k for k in sorted(set(ea) | set(eb)) if k not in skip and ea.get(k) != eb.get(k)]
     lines += [f"  {k}: {ea.get(k, '(absent)')!s}  ->  {eb.get(k, '(absent)')!s}" for k in changed]
     if not changed:
@@ -1049,8 +1081,7 @@ def _diff(args: argparse.Namespace) -> int:
             f"{op.location or '?'}: {first.explanation}."
         )
     lines += ["", str(report)]
-    _say("\n".join(lines))
-    return OK if report.ok else FOUND
+    return "\n".join(lines), report.ok
 
 
 def _ops(args: argparse.Namespace) -> int:

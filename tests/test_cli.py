@@ -183,3 +183,28 @@ def test_emulate_gpu_flag_rehearses_the_gpu_in_every_process() -> None:
     sources = [c for c in report["culprits"] if c["role"] == "source"]
     assert [c["op_type"] for c in sources] == ["UnsortedSegmentSum"], report
     assert "deterministic" in sources[0]["fix"].lower()
+
+
+def test_diff_of_files_with_several_blocks_compares_every_block(tmp_path, capsys) -> None:
+    """`nddebug run -o` files hold each run's blocks: diff compared block 1 alone and said
+    "The computations agree bit for bit" while block 2 differed (probe round 46, F5)."""
+    import tensorflow as tf
+
+    import nddebug
+    from nddebug.cli import main
+
+    paths = []
+    for name, scale in (("a", 2.0), ("b", 3.0)):
+        path = str(tmp_path / f"{name}.nddebug")
+        factor = tf.constant(scale)
+        for block, value in ((1, tf.constant(2.0)), (2, factor)):  # block 2 differs
+            with nddebug.trace(label=f"process 0 block {block}", path=path):
+                tf.reduce_sum(tf.ones([4]) * value)
+        paths.append(path)
+    code = main(["diff", *paths])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    first, _, second = out.partition("=== trace block 2 of 2 ===")
+    assert "=== trace block 1 of 2 ===" in first and "agree bit for bit" in first, out
+    assert "The computations first part at Mul" in second, out
+    assert "pid:" not in out  # each process has its own: no environment difference
