@@ -479,3 +479,46 @@ def test_a_cpu_culprit_in_a_tf1_graph_is_matched_on_the_cpu() -> None:
     assert all(s[-1].endswith("CPU:0") for s in named), out
     if out["sources"]:
         assert out["sources"][0][1] == "numerical", out
+
+
+REF_VARIABLES = """
+import json, numpy as np, tensorflow as tf, nddebug
+tf.compat.v1.disable_v2_behavior()
+rng = np.random.RandomState(0)
+x = tf.constant(rng.randn(64, 32).astype(np.float32))
+y = tf.constant(rng.randn(64, 1).astype(np.float32))
+w1 = tf.compat.v1.get_variable("w1", [32, 64], use_resource=False,
+                               initializer=tf.constant_initializer(rng.randn(32, 64) * 0.2))
+w2 = tf.compat.v1.get_variable("w2", [64, 1], use_resource=False,
+                               initializer=tf.constant_initializer(rng.randn(64, 1) * 0.2))
+loss = tf.reduce_mean((tf.matmul(tf.tanh(tf.matmul(x, w1)), w2) - y) ** 2)
+train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+init = tf.compat.v1.global_variables_initializer()
+session = tf.compat.v1.Session()
+runs = []
+for label in ("a", "b"):
+    session.run(init)
+    with nddebug.trace(label=label) as rec:
+        for _ in range(3):
+            session.run([loss, train])
+    runs.append(rec)
+report = nddebug.compare(runs)
+reads = [op.op_id for op in runs[0].ops.values() if op.op_name in ("w1/read", "w2/read")]
+print(json.dumps({
+    "verdict": report.summary["verdict"],
+    "read_digests": sorted({str(d) for e in runs[0].events if e.op_id in reads for d in e.digests}),
+    "warnings": report.warnings,
+}))
+"""
+
+
+def test_reads_of_tf1_reference_variables_are_not_digested() -> None:
+    """A read of a reference variable is its buffer, which ApplyAdam changes in place,
+    sometimes before the read's digest ran: identical runs differed at `w/read`, "a new
+    finding", in 5 of 9 runs (probe round 46, F4). The reads are not digested, and the run
+    says what it could not compare."""
+    out = run_python(REF_VARIABLES)
+    assert set(out["read_digests"]) <= {"None"}, out  # no digest of a read, if recorded at all
+    assert out["verdict"] == "no difference seen, but not everything compared", out
+    said = [w for w in out["warnings"] if "reference variables" in w]
+    assert said and "nor their reads are compared" in said[0], out["warnings"]

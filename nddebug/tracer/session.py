@@ -185,9 +185,12 @@ class SessionHook:
                         ops.warn_once(
                             rec.recording,
                             f"{NOT_COMPARED}the graph uses reference variables (TF1 "
-                            "tf.Variable without use_resource): their updates are compared "
-                            "only through the reads that follow them. "
-                            "tf.compat.v1.enable_resource_variables() compares each update.",
+                            "tf.Variable without use_resource): neither their updates nor "
+                            "their reads are compared (a read is the variable's own buffer, "
+                            "which an update changes in place, perhaps before a digest reads "
+                            "it), only what the ops that read them compute. "
+                            "tf.compat.v1.enable_resource_variables() compares each update "
+                            "and read.",
                         )
                     loop = _loop_read(op, frames)
                     if loop:
