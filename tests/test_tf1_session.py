@@ -348,6 +348,8 @@ def body(t, h, outputs):
     z = tf.tanh(tf.matmul(tf.concat([inputs.read(t), h], 1), w))
     if MODE == "dropout":
         z = tf.nn.dropout(z, rate=0.3)  # unseeded, inside the loop
+    if MODE == "nested":
+        _, z = tf.compat.v1.while_loop(lambda i, a: i < 2, lambda i, a: (i + 1, a * 0.9), [0, z])
     return t + 1, z, outputs.write(t, z)
 
 start_vars = [tf.constant(0), tf.zeros([B, 10]), tf.TensorArray(tf.float32, size=T)]
@@ -393,6 +395,16 @@ def test_a_tf1_while_loop_is_compared_at_its_outputs_and_changes_nothing() -> No
     said = [w for w in out["warnings"] if "tf.compat.v1.while_loop frames" in w]
     assert len(said) == 1 and "gradients/while, while" in said[0], out["warnings"]
     assert not any("nothing ordering them" in w for w in out["warnings"]), out["warnings"]
+
+
+def test_nested_tf1_loops_and_their_gradients_are_compared_at_their_outputs() -> None:
+    """An inner loop's Exit is inside the outer loop's frame, and the gradient loop takes
+    the forward loop's count from inside it: digesting either made the instrumentation of
+    the whole Session.run fail, and nothing of it was compared (probe round 46)."""
+    out = run_python(LOOP.replace("MODE", '"nested"'))
+    assert out["traced"] == out["plain"]
+    assert out["ok"] and out["verdict"] == "reproducible", out
+    assert not any("could not instrument" in w for w in out["warnings"]), out["warnings"]
 
 
 def test_an_unseeded_op_inside_a_tf1_loop_is_named_with_the_loop() -> None:

@@ -391,11 +391,13 @@ def loop_inputs(executed: list[Any], frames: dict[str, str]) -> dict[str, list[A
     writes: dict[str, set[str]] = {}
     reads: dict[str, set[str]] = {}
     filled: dict[str, list[Any]] = {}  # state -> the ops outside every frame that write it
+    fed_by: dict[str, set[str]] = {}  # loop -> the loops whose frame hands it a tensor
     for op in executed:
         loop = frames.get(op.name)
         if op.type in _LOOP_EXITS and op.inputs and op.inputs[0].op.name in frames:
-            exits.setdefault(frames[op.inputs[0].op.name], []).append(op)
-            continue
+            if loop is None:  # an inner loop's Exit is inside the outer loop's frame
+                exits.setdefault(frames[op.inputs[0].op.name], []).append(op)
+                continue
         state = ops.state_input(op.type, list(op.inputs))
         writer = state is not None and bool(
             ops.WRITER.match(op.type) or STATE_FILLERS.match(op.type)
@@ -404,8 +406,16 @@ def loop_inputs(executed: list[Any], frames: dict[str, str]) -> dict[str, list[A
             if writer:
                 filled.setdefault(instrument.variable_identity(graph, state), []).append(op)
             continue
-        if op.type in ("Enter", "RefEnter") and frames.get(op.inputs[0].op.name) != loop:
-            entering.setdefault(loop, []).append(op.inputs[0])
+        if op.type in ("Enter", "RefEnter"):
+            source = frames.get(op.inputs[0].op.name)
+            if source is None:
+                entering.setdefault(loop, []).append(op.inputs[0])
+            elif source != loop:
+                # From inside another loop's frame (a gradient loop takes its forward loop's
+                # iteration count): no digest can read it there; that loop's outputs stand
+                # in. Digested, it made the Session.run's instrumentation fail (probe round
+                # 46: a nested loop's gradient).
+                fed_by.setdefault(loop, set()).add(source)
         if state is not None:
             target = writes if writer else reads
             target.setdefault(loop, set()).add(instrument.variable_identity(graph, state))
@@ -425,6 +435,11 @@ def loop_inputs(executed: list[Any], frames: dict[str, str]) -> dict[str, list[A
     for loop, ops_ in exits.items():
         used = reads.get(loop, set())
         upstream = writers_of(used, first_exit[loop], but=loop)
+        upstream += sorted(
+            m
+            for m in fed_by.get(loop, ())
+            if m not in upstream and first_exit.get(m, first_exit[loop]) < first_exit[loop]
+        )
         depends[loop] = tuple(upstream)
         state_of[loop] = (sorted(used), sorted(writes.get(loop, set())))
         put = [
