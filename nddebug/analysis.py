@@ -623,6 +623,7 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
     device = recordings[0].environment.get("emulated_device", "")
     setup = first_run_setup(findings, first_only)
     data_writers = _data_function_writers(recordings)
+    loop_writers = _tf1_loop_writers(recordings)
     changed = _changed_by_the_step(recordings)
     stages = _dataset_stages(recordings)
     reshuffled = {it: shuffles for it, (_, shuffles) in _dataset_passes(recordings).items()}
@@ -654,6 +655,8 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
         state = f.op.attrs.get("variable") if f.op.op_type == "VariableState" else f.op.resource
         if f.role == "source" and state and state in data_writers:
             _written_in_data(f, data_writers[state], device)
+        elif f.role == "source" and state and state in loop_writers and f.kind == "other":
+            _written_in_loop(f, loop_writers[state], device)
             if in_process:
                 _seeded_pass_in_data(f, data_writers[state], recordings, device)
         elif f.role == "source" and in_process and f.op.resource in changed:
@@ -1431,6 +1434,35 @@ def _data_function_writers(recordings: list[Recording]) -> dict[str, OpInfo]:
         for op in r.ops.values()
         if op.resource and op.op_type.endswith("Dataset")
     }
+
+
+def _tf1_loop_writers(recordings: list[Recording]) -> dict[str, OpInfo]:
+    """The state (by resource identity) that a TF1 while loop of the runs writes inside its
+    frame (CALL_WRITES of its Exits), which nddebug cannot record: seen only where a later
+    op reads it."""
+    return {
+        resource: op
+        for r in recordings
+        for op in r.ops.values()
+        if op.function == TF1_LOOP
+        for resource in op.attrs.get(CALL_WRITES, [])
+    }
+
+
+def _written_in_loop(f: OpFinding, loop: OpInfo, device: str) -> None:
+    """A read of a variable that a TF1 while loop writes: the difference arose in the loop's
+    frame, not in state carried over between runs (read in a later Session.run, it was
+    "state carried over", with the advice to restore state the runs had restored; probe
+    round 46, F3). Its random ops and known culprits are named."""
+    random, known = _unseen_ops(loop.attrs.get("ops_inside", []), device)
+    f.kind = "random" if random else "TF1 loop"
+    held = [f"stateful random op(s) {', '.join(random)}"] if random else []
+    held += [f"known culprits {', '.join(known[:6])}"] if known else []
+    f.explanation = (
+        f"the variable is written inside the TF1 while loop "
+        f"{loop.attrs.get(TF1_LOOP_NAME, '')!r} (v1 control flow), whose ops nddebug cannot "
+        "record: the difference arose there" + (f"; it holds {'; '.join(held)}" if held else "")
+    )
 
 
 def _dataset_stages(recordings: list[Recording]) -> dict[str, list[str]]:

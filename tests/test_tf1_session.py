@@ -343,6 +343,7 @@ y = tf.constant(rng.standard_normal((T, B, 10)).astype(np.float32))
 start = (rng.standard_normal((16, 10)) * 0.3).astype(np.float32)
 w = tf.compat.v1.get_variable("w", initializer=tf.constant(start), use_resource=True)
 inputs = tf.TensorArray(tf.float32, size=T).unstack(x)
+acc = tf.compat.v1.get_variable("acc", [], use_resource=True, initializer=tf.zeros_initializer())
 
 def body(t, h, outputs):
     z = tf.tanh(tf.matmul(tf.concat([inputs.read(t), h], 1), w))
@@ -350,6 +351,9 @@ def body(t, h, outputs):
         z = tf.nn.dropout(z, rate=0.3)  # unseeded, inside the loop
     if MODE == "nested":
         _, z = tf.compat.v1.while_loop(lambda i, a: i < 2, lambda i, a: (i + 1, a * 0.9), [0, z])
+    if MODE == "accumulate":  # unseeded, into a variable read in a later Session.run
+        with tf.control_dependencies([acc.assign_add(tf.random.uniform([]))]):
+            z = tf.identity(z)
     return t + 1, z, outputs.write(t, z)
 
 start_vars = [tf.constant(0), tf.zeros([B, 10]), tf.TensorArray(tf.float32, size=T)]
@@ -357,6 +361,7 @@ _, _, outputs = tf.compat.v1.while_loop(lambda t, h, o: t < T, body, start_vars)
 loss = tf.reduce_mean((outputs.stack() - y) ** 2)
 train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
 bump = w.assign_add(tf.random.uniform([16, 10]) * 1e-3)  # unseeded, outside the loop
+acc_value = acc.read_value()
 session = tf.compat.v1.Session()
 init = tf.compat.v1.global_variables_initializer()
 
@@ -365,6 +370,7 @@ def step():
     if MODE == "bump":
         session.run(bump)  # a divergent update the loop reads in the next run
     value = session.run([loss, train])[0]
+    session.run(acc_value)
     return value, hashlib.sha256(session.run(w).tobytes()).hexdigest()
 
 plain = step()
@@ -405,6 +411,17 @@ def test_nested_tf1_loops_and_their_gradients_are_compared_at_their_outputs() ->
     assert out["traced"] == out["plain"]
     assert out["ok"] and out["verdict"] == "reproducible", out
     assert not any("could not instrument" in w for w in out["warnings"]), out["warnings"]
+
+
+def test_a_variable_a_tf1_loop_wrote_is_named_with_the_loop_where_it_is_read() -> None:
+    """The loop adds unseeded noise to a variable read in a later Session.run: the read was
+    blamed on "state carried over between runs", which the initializer had ruled out (probe
+    round 46, F3)."""
+    out = run_python(LOOP.replace("MODE", '"accumulate"'))
+    assert not out["ok"]
+    assert ["ReadVariableOp", "random"] in out["sources"], out
+    (why,) = [w for w in out["why"] if "TF1 while loop 'while'" in w and "written inside" in w]
+    assert "RandomUniform" in why and "carried over" not in why, out["why"]
 
 
 def test_an_unseeded_op_inside_a_tf1_loop_is_named_with_the_loop() -> None:
