@@ -655,10 +655,10 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
         state = f.op.attrs.get("variable") if f.op.op_type == "VariableState" else f.op.resource
         if f.role == "source" and state and state in data_writers:
             _written_in_data(f, data_writers[state], device)
-        elif f.role == "source" and state and state in loop_writers and f.kind == "other":
-            _written_in_loop(f, loop_writers[state], device)
             if in_process:
                 _seeded_pass_in_data(f, data_writers[state], recordings, device)
+        elif f.role == "source" and state and state in loop_writers and f.kind == "other":
+            _written_in_loop(f, loop_writers[state], device)
         elif f.role == "source" and in_process and f.op.resource in changed:
             _changed_by_earlier_runs(f, changed[f.op.resource])
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
