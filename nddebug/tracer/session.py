@@ -155,11 +155,9 @@ class SessionHook:
         rec = self.recorder
         sends = _SENDS.setdefault(graph, {})
         targets: list[Any] = []
-        frames = loop_frames(executed)
-        extra: dict[str, list[Any]] = {}
+        frames, extra = _loop_plan(graph, executed)
         if frames:
             self._note_loops(graph, executed, frames)
-            extra = loop_inputs(executed, frames)
         with graph.as_default():
             for op in executed:
                 if op.name in frames:
@@ -314,6 +312,21 @@ class SessionHook:
             # TF1 graph mode starts no eager runtime to list them: the session's own.
             rec.recording.environment["devices"] = list(_SESSION_DEVICES.get(id(sess), []))
         rec.append(Event(seq=seq, op_id=op_id, call=seq, digests=[]), call_device=device)
+
+
+#: Per graph: the executed ops' names -> (loop_frames, loop_inputs) of that run.
+_LOOP_PLANS = GraphMemo("session_loop_plans")
+
+
+def _loop_plan(graph: Any, executed: list[Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
+    """loop_frames and loop_inputs of a run, worked out once per set of executed ops: a
+    training loop runs the same Session.run thousands of times."""
+    plans = _LOOP_PLANS.setdefault(graph, {})
+    key = tuple(op.name for op in executed)
+    if key not in plans:
+        frames = loop_frames(executed)
+        plans[key] = (frames, loop_inputs(executed, frames) if frames else {})
+    return plans[key]
 
 
 #: The ops that hand a TF1 loop's values out of its frame.
