@@ -291,16 +291,17 @@ def render(report: Any, fmt: str) -> str:
     if fmt == "csv":
         return report.culprits.to_csv(index=False)
     if fmt == "json":
-        return json.dumps(
-            {
-                "summary": report.summary,
-                "warnings": report.warnings,
-                "culprits": json.loads(report.culprits.to_json(orient="records")),
-            },
-            indent=2,
-            default=str,
-        )
+        return json.dumps(_as_json(report), indent=2, default=str)
     return str(report)
+
+
+def _as_json(report: Any) -> dict[str, Any]:
+    """What ``--format json`` holds for one comparison."""
+    return {
+        "summary": report.summary,
+        "warnings": report.warnings,
+        "culprits": json.loads(report.culprits.to_json(orient="records")),
+    }
 
 
 def _as_runs(recordings: Sequence[Any]) -> list[list[list[Any]]] | None:
@@ -622,6 +623,100 @@ def _replayed(first_pass: Any, second_pass: Any, k: int) -> str:
     )
 
 
+def _own_label(rec: Any) -> str:
+    """The label a trace block gave itself (``trace(label=...)``, a child process's), without
+    the ``process 1 block 2`` part `nddebug run` puts before it (see _run_label)."""
+    return (rec.label or "").partition(": ")[2] if _RUN_LABEL.fullmatch(rec.label or "") else ""
+
+
+def _aligned(per_run: list[list[list[Any]]]) -> tuple[list[list[list[Any]]], list[str], bool]:
+    """The runs' blocks lined up by label: block ``b`` of every run is the same block of the
+    script (its own label and how many blocks of that label came before it), None where a
+    run has none. Also each position's label, and whether the runs took different paths
+    through their blocks (one run's blocks are not the first blocks of another's, as a
+    stopped run's are). Blocks without labels line up in order, as before.
+
+    A file two `run -o` sessions appended to, the second with the script's evaluation
+    block switched off, had its "eval" block compared with the other session's second
+    "train" block: "NOT reproducible" for a deterministic script (probe round 46, F8)."""
+    keyed: list[list[list[tuple[str, int]]]] = []
+    order: list[tuple[str, int]] = []
+    for run in per_run:
+        keyed.append([])
+        for blocks in run:
+            seen: dict[str, int] = {}
+            keys = []
+            for rec in blocks:
+                label = _own_label(rec)
+                keys.append((label, seen.get(label, 0)))
+                seen[label] = seen.get(label, 0) + 1
+            keyed[-1].append(keys)
+            for key in keys:
+                if key not in order:
+                    order.append(key)
+    sequences = [keys for run in keyed for keys in run]
+    longest = max(sequences, key=len, default=[])
+    parted = any(keys != longest[: len(keys)] for keys in sequences)
+    if not parted:
+        return per_run, [label for label, _ in longest], False
+    place = {key: j for j, key in enumerate(order)}
+    lined: list[list[list[Any]]] = []
+    for run, run_keys in zip(per_run, keyed, strict=True):
+        lined.append([])
+        for blocks, keys in zip(run, run_keys, strict=True):
+            row: list[Any] = [None] * len(order)
+            for rec, key in zip(blocks, keys, strict=True):
+                row[place[key]] = rec
+            lined[-1].append(row)
+    return lined, [label for label, _ in order], True
+
+
+class _Pieces:
+    """Where _compare_blocks puts its results: text goes to ``out`` as it comes; for
+    ``--format json`` and ``csv`` every comparison is kept and written once, as one
+    document (a JSON object with a ``blocks`` list; one CSV table with ``block``, ``label``
+    and ``worker`` columns), which a program can parse (probe round 46, F9)."""
+
+    def __init__(self, fmt: str, out: Any, several: bool) -> None:
+        self.fmt, self.out = fmt, out
+        self.whole = several and fmt in ("json", "csv")
+        self.entries: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+
+    def text(self, line: str) -> None:
+        """A line of the text report (kept as a note in a JSON document)."""
+        if not self.whole:
+            self.out(line)
+        else:
+            self.notes.append(re.sub(r"^=== (.*) ===$", r"\1", line.strip(), flags=re.M))
+
+    def report(self, report: Any, where: dict[str, Any]) -> None:
+        if not self.whole:
+            self.out(render(report, self.fmt))
+            return
+        self.entries.append({**where, "report": report})
+
+    def finish(self) -> None:
+        if not self.whole:
+            return
+        if self.fmt == "json":
+            blocks = [
+                {**{k: v for k, v in e.items() if k != "report"}, **_as_json(e["report"])}
+                for e in self.entries
+            ]
+            self.out(json.dumps({"blocks": blocks, "notes": self.notes}, indent=2, default=str))
+            return
+        import pandas as pd
+
+        tables = []
+        for e in self.entries:
+            table = e["report"].culprits.copy()
+            for j, name in enumerate(("block", "label", "worker")):
+                table.insert(j, name, e.get(name))
+            tables.append(table)
+        self.out(pd.concat(tables, ignore_index=True).to_csv(index=False) if tables else "")
+
+
 def _compare_blocks(
     per_run: list[list[list[Any]]],
     fmt: str,
@@ -631,31 +726,47 @@ def _compare_blocks(
 ) -> int:
     """Compare the runs block by block (and worker by worker); ``out`` gets each piece of
     text. ``per_run[i][k][b]``: block b of worker k in run i (a run may lack trailing blocks,
-    or a worker, when it was stopped). The exit code: the worst of the comparisons."""
+    or a worker, when it was stopped). Blocks are matched by their labels (see _aligned).
+    The exit code: the worst of the comparisons."""
     from nddebug.check import compare
 
+    per_run, labels, parted = _aligned(per_run)
     workers = max((len(run) for run in per_run), default=0)
     blocks = max((len(w) for run in per_run for w in run), default=0)
+    pieces = _Pieces(fmt, out, blocks > 1 or workers > 1)
     status = OK
     for b in range(blocks):
+        label = labels[b] if b < len(labels) else ""
         if blocks > 1:
-            out(f"\n=== trace block {b + 1} of {blocks} ===")
+            pieces.text(f"\n=== trace block {b + 1} of {blocks}{': ' + label if label else ''} ===")
         for k in range(workers):
-            recs = [run[k][b] for run in per_run if k < len(run) and b < len(run[k])]
+            held = [i for i, run in enumerate(per_run) if k < len(run) and b < len(run[k])]
+            recs = [per_run[i][k][b] for i in held if per_run[i][k][b] is not None]
             if workers > 1:
-                out(f"\n=== worker {k}: its {len(recs)} runs compared ===")
+                pieces.text(f"\n=== worker {k}: its {len(recs)} runs compared ===")
+            if parted and len(recs) < len(per_run):
+                ran = [i + 1 for i in held if per_run[i][k][b] is not None]
+                pieces.text(
+                    f"The runs took different paths through their trace blocks: this block "
+                    f"was recorded in run(s) {', '.join(map(str, ran)) or 'none'} only, of "
+                    f"{len(per_run)}; it is compared among those."
+                )
+                status = max(status, FOUND)
             if len(recs) < 2:
-                out("(one run: nothing to compare across runs)")
+                pieces.text("(one run: nothing to compare across runs)")
                 continue
             report = compare(recs)
             if mode is not None:
                 report.mode = mode
-            out(render(report, fmt))
+            pieces.report(
+                report, {"block": b + 1, "label": label, "worker": k if workers > 1 else None}
+            )
             status = max(status, OK if report.ok else FOUND)
             if verify is not None and not report.ok and workers == 1:
                 verify(report)
         if workers > 1:
-            status = max(status, _workers_agree(per_run, b, workers, out))
+            status = max(status, _workers_agree(per_run, b, workers, pieces.text))
+    pieces.finish()
     return status
 
 
@@ -1013,8 +1124,8 @@ def _workers_agree(per_run: list[list[list[Any]]], b: int, workers: int, out: An
 
     status = OK
     for i, run in enumerate(per_run):
-        if len(run) < workers or any(len(blocks) <= b for blocks in run):
-            continue  # a run stopped before all its workers recorded this block
+        if len(run) < workers or any(len(blocks) <= b or blocks[b] is None for blocks in run):
+            continue  # a run stopped (or went another way) before all its workers got here
         result = worker_consistency([blocks[b] for blocks in run])
         out(f"\n=== the workers of run {i + 1} compared with each other ===\n{result}")
         status = max(status, OK if result.consistent else FOUND)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -208,3 +209,73 @@ def test_diff_of_files_with_several_blocks_compares_every_block(tmp_path, capsys
     assert "=== trace block 1 of 2 ===" in first and "agree bit for bit" in first, out
     assert "The computations first part at Mul" in second, out
     assert "pid:" not in out  # each process has its own: no environment difference
+
+
+def _labelled_blocks(path: str, process: int, labels: list[str], values: dict[str, Any]) -> None:
+    """One `nddebug run` process's trace blocks, saved as `run -o` labels them."""
+    import tensorflow as tf
+
+    import nddebug
+
+    for b, own in enumerate(labels):
+        with nddebug.trace(label=f"process {process} block {b + 1}: {own}", path=path):
+            tf.reduce_sum(tf.ones([4]) * values[own]())
+
+
+def test_report_matches_blocks_by_label_when_appended_sessions_took_other_paths(
+    tmp_path, capsys
+) -> None:
+    """A file two `run -o` sessions appended to, the second without the evaluation block:
+    its "eval" block was compared with the other session's second "train" block, "NOT
+    reproducible" for a deterministic script (probe round 46, F8). Blocks are matched by
+    label, the headers say which, and the different paths are said (exit 1)."""
+    import tensorflow as tf
+
+    from nddebug.cli import main
+
+    path = str(tmp_path / "mix.nddebug")
+    same = {"train": lambda: tf.constant(2.0), "eval": lambda: tf.range(4.0)}
+    for process in (0, 1):
+        _labelled_blocks(path, process, ["train", "eval", "train"], same)
+    for process in (0, 1):
+        _labelled_blocks(path, process, ["train", "train"], same)
+    code = main(["report", path])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "NOT reproducible" not in out and "share no op" not in out, out
+    parts = out.split("=== trace block ")[1:]
+    assert [p.split(" ===")[0] for p in parts] == ["1 of 3: train", "2 of 3: eval", "3 of 3: train"]
+    assert [p.count("reproducible — 4 runs") for p in parts] == [1, 0, 1], out
+    assert "reproducible — 2 runs" in parts[1], out
+    assert "recorded in run(s) 1, 2 only, of 4" in parts[1], out
+
+
+def test_report_of_several_blocks_is_one_json_or_csv_document(tmp_path, capsys) -> None:
+    """``--format json`` and ``csv`` of a file with several blocks printed one document per
+    block with text lines between them, which no parser reads (probe round 46, F9)."""
+    import pandas as pd
+    import tensorflow as tf
+
+    from nddebug.cli import main
+
+    path = str(tmp_path / "two.nddebug")
+    values = {
+        "train": lambda: tf.constant(2.0),
+        "noisy": lambda: tf.random.uniform([4]),  # unseeded: a source in every run
+    }
+    for process in (0, 1):
+        _labelled_blocks(path, process, ["train", "noisy"], values)
+    assert main(["report", path, "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(b["block"], b["label"]) for b in doc["blocks"]] == [(1, "train"), (2, "noisy")]
+    assert doc["blocks"][0]["summary"]["verdict"] == "reproducible"
+    noisy = doc["blocks"][1]
+    assert noisy["summary"]["verdict"] != "reproducible"
+    assert "RandomUniform" in {c["op_type"] for c in noisy["culprits"] if c["role"] == "source"}
+
+    csv = tmp_path / "two.csv"
+    assert main(["report", path, "--format", "csv", "-o", str(csv)]) == 1
+    table = pd.read_csv(csv)
+    assert list(table.columns[:3]) == ["block", "label", "worker"]
+    assert set(table["block"]) == {2} and set(table["label"]) == {"noisy"}
+    assert "RandomUniform" in set(table["op_type"])
