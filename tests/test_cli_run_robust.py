@@ -433,7 +433,7 @@ def test_two_blocks_saved_with_o_give_the_runs_verdict_in_report(tmp_path) -> No
     report = _nddebug("report", out)
     assert report.returncode == 0, report.stdout + report.stderr
     assert report.stdout.count("reproducible — 2 runs") == 2 and "NOT" not in report.stdout
-    assert "=== trace block 2 of 2 ===" in report.stdout
+    assert "=== trace block 2 of 2: eval ===" in report.stdout
     # The same comparisons, one per block, as `run` made them (its mode line aside).
     strip = lambda text: [x for x in text.strip().splitlines() if "mode:" not in x]  # noqa: E731
     assert strip(report.stdout) == strip(result.stdout)
