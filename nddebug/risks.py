@@ -20,6 +20,7 @@ from nddebug.recording import (
     PIPELINE_OPS,
     PIPELINE_READERS,
     TF1_LOOP,
+    TF1_LOOP_NAME,
     UNCLOSED_WARNING,
     Recording,
     unseen_op_type,
@@ -89,6 +90,17 @@ def known_risks(
     seen: dict[str, Risk] = {}
     for rec in recordings[:1]:
         ran = executed if executed is not None else {ev.op_id for ev in rec.events}
+        # A TF1 while loop is compared where its values leave it: at its Exits and at the ops
+        # outside that read state it wrote (session.py), each listing the ops inside. A known
+        # kernel inside showed if any of those differed (the gather of a TensorArray a
+        # ResourceScatterAdd in the body filled), and it is one risk of the loop, not one
+        # per place the loop was compared.
+        loops_differed = {
+            op.attrs.get(TF1_LOOP_NAME)
+            for op in rec.ops.values()
+            if op.function == TF1_LOOP and op.key in diverged
+        }
+        in_loops: set[tuple[Any, str]] = set()
         for op_id in sorted(ran):
             op = rec.ops.get(op_id)
             if op is None:
@@ -105,16 +117,20 @@ def known_risks(
                 # Not where the same type also runs with other outputs (float bins).
                 if t.endswith(INTEGER_OUTPUTS) and unseen_op_type(t) not in unseen
             }
+            loop = op.attrs.get(TF1_LOOP_NAME) if op.function == TF1_LOOP else None
             if op.function in ("uninstrumented", TF1_LOOP):
                 # A call of a function traced before the block (a TF1 loop's frame): its ops
                 # ran unseen, but what they are is known (OpInfo.attrs["ops_inside"]); a
                 # known culprit among them is a risk of the call (and under emulate_gpu() it
                 # was not emulated).
-                members += [
-                    (f"{op.key} > {t}", t, f"{t} inside {op.op_name or op.op_type}")
-                    for t in map(unseen_op_type, op.attrs.get("ops_inside", []))
-                    if "(" not in t
-                ]
+                for t in map(unseen_op_type, op.attrs.get("ops_inside", [])):
+                    if "(" in t or (loop is not None and (loop, t) in in_loops):
+                        continue
+                    if loop is not None:
+                        in_loops.add((loop, t))
+                    members.append(
+                        (f"{op.key} > {t}", t, f"{t} inside {loop or op.op_name or op.op_type}")
+                    )
             if op.op_type in PIPELINE_READERS:
                 # A dataset's tf.data functions (a `for x in dataset` loop's body inside a
                 # tf.function) run unseen, when the op that reads the dataset runs: the same
@@ -190,7 +206,11 @@ def known_risks(
                     key=key,
                     location=op.location,
                     device=device,
-                    observed=key in diverged or op.key in diverged,
+                    observed=(
+                        key in diverged
+                        or op.key in diverged
+                        or (loop is not None and loop in loops_differed)
+                    ),
                     applies=on_device,
                     culprit=culprit,
                 )
