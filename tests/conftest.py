@@ -8,6 +8,11 @@ from collections.abc import Iterator
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The suite runs in two processes (README): on a GPU machine each would map nearly all of
+    # the GPU's memory at its first op, leaving the other none. They (and the processes they
+    # start) take what they use instead.
+    os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 
 @pytest.fixture(scope="session", autouse=True)
