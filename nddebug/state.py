@@ -306,6 +306,8 @@ def _initial_value(var: Any, initial: Any) -> np.ndarray | None:
                 initial = initial()
             if hasattr(initial, "numpy"):
                 return np.array(initial.numpy())
+            if tf.is_symbolic_tensor(initial):
+                return None  # a tensor of the function's graph (an unlifted initializer)
             if initial is not None:
                 return np.array(initial)
     except Exception:  # noqa: BLE001 - reported by the caller as unreadable

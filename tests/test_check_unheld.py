@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import nddebug
@@ -94,3 +95,51 @@ def test_compiled_metrics_built_in_the_first_step_are_put_back() -> None:
     assert list(h.history.values()) == list(h_plain.history.values())  # auc_1 vs auc
     for a, b in zip(plain.weights, checked.weights, strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
+
+
+class _LazyModule(tf.Module):
+    """The TF guide's pattern: a variable created on the first call of a tf.function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w: Any = None
+
+    @tf.function
+    def __call__(self, x: Any) -> Any:
+        if self.w is None:
+            self.w = tf.Variable(tf.ones([4, 2]))
+        self.w.assign_add(tf.ones([4, 2]))
+        return tf.reduce_sum(x @ self.w)
+
+
+def _lazy_step() -> tuple[Any, dict[str, Any]]:
+    holder: dict[str, Any] = {}
+
+    @tf.function
+    def step(x: Any) -> Any:
+        if "w" not in holder:
+            holder["w"] = tf.Variable(tf.ones([4, 2]))
+        holder["w"].assign_add(tf.ones([4, 2]))
+        return tf.reduce_sum(x @ holder["w"])
+
+    return step, holder
+
+
+@pytest.mark.parametrize("mode", ["repeat", "rerun"])
+@pytest.mark.parametrize("form", ["function", "module"])
+def test_a_variable_the_first_call_creates_is_restored_as_initialized(form, mode) -> None:
+    """check() as the first call of a tf.function that creates its variable on that call: the
+    variable was read before TensorFlow's initializer ran, as an empty array, and put back so
+    before every run: the step raised and the variable stayed empty (probe round 47, F1)."""
+    x = tf.ones([3, 4])
+    if form == "module":
+        m = _LazyModule()
+        step, variable = m, lambda: m.w
+    else:
+        step, holder = _lazy_step()
+        variable = lambda: holder["w"]  # noqa: E731
+    report = nddebug.check(step, x, repeats=2, mode=mode, quantify=False)
+    assert report.ok, report
+    # As after one plain first call (ones + 1), and the next plain step goes on from there.
+    np.testing.assert_array_equal(variable().numpy(), np.full([4, 2], 2.0, np.float32))
+    assert float(step(x)) == 72.0

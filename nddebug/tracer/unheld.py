@@ -96,6 +96,14 @@ class UnheldVariables:
 
         try:
             with inside_nddebug():  # nddebug's read: not one of the step's ops
+                if not bool(gen.var_is_initialized_op(handle)):
+                    # Made by the step and not yet given its value: the call about to run
+                    # initializes it (TensorFlow's `initialize_variables`, for a
+                    # tf.Variable a tf.function creates on its first call), and the call
+                    # after it finds it as initialized. Read now, it was an empty array
+                    # that every later run was "restored" to: the step raised, and the
+                    # variable was left empty (probe round 47, F1).
+                    return
                 now = gen.read_variable_op(handle, dtype).numpy()
                 before = now if found is None else found.numpy()
         except Exception:  # noqa: BLE001 - unreadable: left to the unrestored-update warning
