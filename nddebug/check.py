@@ -180,6 +180,25 @@ def _reuse_key(mode: str, k: int, emulate_gpu: bool, seed: int | None) -> tuple:
     )
 
 
+def _function_called(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The tf.function that calling ``fn`` runs, where ``fn`` is an object (a ``tf.Module``)
+    whose ``__call__`` is one: check() retraces a tf.function it is given (:func:`_fresh`),
+    and given the object it ran the function's graph traced before, uninstrumented, and
+    blamed the whole call with the advice to give check() the function (probe round 47,
+    F2). The bound function is the same object on every access, so what check() keeps on it
+    for the next check is found again."""
+    import inspect
+
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    if isinstance(fn, polymorphic_function.Function):
+        return fn
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    if isinstance(call, polymorphic_function.Function):
+        return fn.__call__
+    return fn
+
+
 def _fresh(
     fn: Callable[..., Any],
     warnings: list[str],
@@ -378,6 +397,7 @@ def check(
         raise TypeError(f"seed must be a whole number or None, got {seed!r}")
     if not callable(fn):
         raise TypeError(f"check() needs the step to run (a callable), got {type(fn).__name__}")
+    fn = _function_called(fn)
     if mode == "repeat" and repeats < 2:
         raise ValueError(f"repeats must be at least 2 to compare runs, got {repeats}")
     if mode == "rerun" and rerun < 1:

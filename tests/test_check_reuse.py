@@ -174,3 +174,40 @@ def test_what_instrumenting_a_branch_said_is_said_in_every_check() -> None:
     said = [w for w in first.warnings if "traced before nddebug.trace()" in w]
     assert said, first.warnings
     assert said[0] in second.warnings, second.warnings
+
+
+class _Noisy(tf.Module):
+    """A module whose ``__call__`` is a tf.function, with an unseeded random op when asked."""
+
+    def __init__(self, noisy: bool) -> None:
+        super().__init__()
+        self.noisy = noisy
+        self.w = tf.Variable(tf.ones([4, 2]))
+
+    @tf.function
+    def __call__(self, x):
+        delta = tf.random.uniform([4, 2]) if self.noisy else tf.fill([4, 2], 0.5)
+        self.w.assign_add(delta)
+        return tf.reduce_sum(x @ self.w)
+
+
+def test_a_module_whose_call_is_a_tf_function_is_checked_as_that_function() -> None:
+    """check(module) ran the module's function as traced before the check, uninstrumented: the
+    source was the whole call, with the advice to give check() the function, which the user
+    had done (probe round 47, F2)."""
+    x = tf.ones([3, 4])
+    noisy = _Noisy(noisy=True)
+    noisy(x)  # traced and called before the check, as in training
+    report = nddebug.check(noisy, x, state=noisy, repeats=3, quantify=False)
+    sources = report.culprits[report.culprits.role == "source"]
+    assert list(sources.op_type) == ["RandomUniform"], report
+    assert not any("ran uninstrumented" in w for w in report.warnings), report.warnings
+
+    calm = _Noisy(noisy=False)
+    calm(x)
+    for _ in range(2):  # the second check takes the copy the first kept
+        report = nddebug.check(calm, x, state=calm, repeats=2, quantify=False)
+        assert report.ok and report.summary["ops_traced"] > 1, report
+    assert [v.name for v in calm.variables] == ["Variable:0"]  # nothing of nddebug's tracked
+    # One step before, one per check (its final ordinary step): 1 + 3 * 0.5.
+    np.testing.assert_array_equal(calm.w.numpy(), np.full([4, 2], 2.5, np.float32))
