@@ -419,7 +419,7 @@ def check(
     # The variables the step writes that state= does not hold (a tf.random.Generator, a
     # Keras SeedGenerator, metrics built in the first step): found as the runs go, put back
     # with the rest (tracer.unheld).
-    unheld = UnheldVariables(lambda: held_identities(keeper.variables))
+    unheld = UnheldVariables(lambda: held_identities(keeper.variables), keeper.settle)
     # What the runs moved on for good (XLA's random counter): said as a Python warning too,
     # for a DeterminismCheck whose training goes on from there (probe round 42, F2).
     moved_on: list[str] = []
@@ -460,6 +460,7 @@ def check(
                 if capture is not None:
                     Recorder.active.capture = capture
                 returned = step(*args, **kwargs)
+                keeper.close_pending()  # made while tracing, and found by no call after
                 assert Recorder.active is not None
                 Recorder.active.record_return(returned)
                 # A variable the step makes in every run (a tf.random.Generator, a temporary of

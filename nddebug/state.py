@@ -157,6 +157,9 @@ class StateKeeper:
         self.variables, self.tables = collect_state(state)
         self.initial: Snapshot = {}  # variables created while watching, at creation
         self.unreadable: list[str] = []  # created, but their initial value could not be read
+        # Variables created while a function was traced, read when the function is about to
+        # run (see settle), keyed by id, with their initial_value argument.
+        self.pending: dict[int, tuple[Any, Any]] = {}
         # Tables whose contents were put back but not the order they export them in, and
         # how many of them check() has said so of.
         self.reordered: list[Any] = []
@@ -198,19 +201,65 @@ class StateKeeper:
         import tensorflow as tf
 
         def creator(next_creator: Any, **kwargs: Any) -> Any:
+            traced = tf.inside_function()
             v = next_creator(**kwargs)
             tv = _tf_variable(v)
-            if tv is not None and id(tv) not in self.initial and tv.name != "nddebug_active:0":
-                value = _initial_value(tv, kwargs.get("initial_value"))
-                if value is None:
-                    self.unreadable.append(getattr(tv, "name", "?"))
-                else:
-                    self.initial[id(tv)] = (tv, value)
-                    self.variables.append(tv)
+            if tv is None or id(tv) in self.initial or id(tv) in self.pending:
+                return v
+            if tv.name == "nddebug_active:0":
+                return v
+            if traced:
+                # Made while a function is traced (an optimizer's slots, a layer built on its
+                # first call, a tf.Variable a tf.function makes on its first call): its value
+                # is what the function finds when it runs, after TensorFlow initialized it
+                # and a checkpoint's deferred restore filled it (settle). Its initializer,
+                # called again here, gave the slots' zeros instead of the restored moments
+                # (probe round 47, F8) and drew a random initial value anew (F10).
+                self.pending[id(tv)] = (tv, kwargs.get("initial_value"))
+            else:
+                self._add(tv, _initial_value(tv, kwargs.get("initial_value")))
             return v
 
         with tf.variable_creator_scope(creator):
-            yield
+            try:
+                yield
+            finally:
+                self.close_pending()
+
+    def _add(self, tv: Any, value: np.ndarray | None) -> None:
+        if value is None:
+            self.unreadable.append(getattr(tv, "name", "?"))
+        else:
+            self.initial[id(tv)] = (tv, value)
+            self.variables.append(tv)
+
+    def settle(self) -> None:
+        """A function is about to run: read the variables made while it (or another) was
+        traced that TensorFlow has initialized by now. One not initialized yet is read at a
+        later call (TensorFlow's ``initialize_variables`` function runs before the step's)."""
+        if not self.pending:
+            return
+        from tensorflow.python.ops import gen_resource_variable_ops as gen
+
+        from nddebug.tracer.registry import inside_nddebug
+
+        for key, (tv, _) in list(self.pending.items()):
+            try:
+                with inside_nddebug():  # nddebug's reads: not the step's ops
+                    if not bool(gen.var_is_initialized_op(tv.handle)):
+                        continue
+                    value = tv.numpy()
+            except Exception:  # noqa: BLE001 - left to close_pending
+                continue
+            del self.pending[key]
+            self._add(tv, np.array(value, copy=True))
+
+    def close_pending(self) -> None:
+        """The run is over: a variable made while tracing that no call found initialized is
+        read from its initial value, as a last resort."""
+        for tv, initial in self.pending.values():
+            self._add(tv, _initial_value(tv, initial))
+        self.pending.clear()
 
 
 def _live_contents(table: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -143,3 +143,86 @@ def test_a_variable_the_first_call_creates_is_restored_as_initialized(form, mode
     # As after one plain first call (ones + 1), and the next plain step goes on from there.
     np.testing.assert_array_equal(variable().numpy(), np.full([4, 2], 2.0, np.float32))
     assert float(step(x)) == 72.0
+
+
+def _adam_model() -> tuple[Any, Any, Any]:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)]
+    )
+    opt = keras.optimizers.Adam(1e-2)
+    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = lossf(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return model, opt, step
+
+
+@pytest.mark.parametrize("mode", ["repeat", "rerun"])
+def test_check_after_a_checkpoint_restore_keeps_the_restored_optimizer_slots(tmp_path, mode):
+    """Resuming: the model's weights are restored at once, Adam's moments when its first step
+    makes them (a deferred restore). check() as that first step read each new slot from its
+    initializer: every run, and the training after, started from zeros instead of the
+    restored moments, and "reproducible" was said of that other program (probe round 47,
+    F8)."""
+    x = tf.constant(np.random.RandomState(0).rand(8, 5).astype("float32"))
+    y = tf.constant(np.arange(8) % 2)
+    model, opt, step = _adam_model()
+    for _ in range(3):
+        step(x, y)
+    path = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "ck"))
+
+    def resumed() -> tuple[Any, Any, Any]:
+        model, opt, step = _adam_model()
+        model(x)  # built: its weights are restored now, the optimizer's slots later
+        tf.train.Checkpoint(model=model, optimizer=opt).restore(path).expect_partial()
+        return model, opt, step
+
+    def weights(model: Any, opt: Any) -> list[np.ndarray]:
+        return [v.numpy() for v in [*model.weights, *opt.variables]]
+
+    model, opt, step = resumed()
+    step(x, y)
+    step(x, y)
+    plain = weights(model, opt)
+
+    model, opt, step = resumed()
+    report = nddebug.check(step, x, y, state=[model, opt], repeats=2, mode=mode, quantify=False)
+    assert report.ok, report
+    step(x, y)
+    for a, b in zip(weights(model, opt), plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_random_initial_value_made_on_the_first_call_is_not_drawn_again() -> None:
+    """A tf.Variable made on a tf.function's first call from a random initializer: check()
+    called the initializer again to learn the initial value, drew other numbers, and every
+    run and the training after it started from those (probe round 47, F10)."""
+    x = tf.constant([1.0, 2.0, 3.0])
+
+    def made() -> tuple[Any, dict[str, Any]]:
+        tf.random.set_seed(0)  # the same op seeds for the initializer in both programs
+        holder: dict[str, Any] = {}
+
+        @tf.function
+        def step(x: Any) -> Any:
+            if "w" not in holder:
+                holder["w"] = tf.Variable(lambda: tf.random.normal([3]))
+            holder["w"].assign_add(x)
+            return tf.reduce_sum(holder["w"])
+
+        return step, holder
+
+    step, holder = made()
+    step(x)
+    plain = holder["w"].numpy()
+    step, holder = made()
+    report = nddebug.check(step, x, repeats=2, quantify=False)
+    assert not report.culprits.role.eq("source").any(), report
+    np.testing.assert_array_equal(holder["w"].numpy(), plain)

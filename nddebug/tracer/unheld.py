@@ -42,10 +42,15 @@ class UnheldVariables:
     """The variables one check() found its step writing that it does not restore otherwise,
     as they were before it."""
 
-    def __init__(self, held: Callable[[], set[str]]) -> None:
+    def __init__(
+        self, held: Callable[[], set[str]], settle: Callable[[], None] = lambda: None
+    ) -> None:
         # The identities (ops.eager_identity) of the variables check() restores already:
         # state=, and those the step created (asked when a variable is found).
         self.held = held
+        # Reads the variables the step made while a function was traced, as the call about
+        # to run finds them (state.StateKeeper.settle): before they are asked about here.
+        self.settle = settle
         self.states: dict[str, tuple[Any, np.ndarray]] = {}  # identity -> (handle, before)
         # Set once the warm-up has run: a variable first found after it is already moved
         # on by the earlier runs, and is not put back (said in a warning).
@@ -55,6 +60,7 @@ class UnheldVariables:
 
     def before_call(self, name: str, tensor_inputs: Any) -> None:
         """A function is about to run: keep the variables it can write, as they are."""
+        self.settle()
         written = written_args(name)
         if not written:
             return
