@@ -111,7 +111,10 @@ def test_callback_on_an_xla_model_checks_it_as_compiled_and_trains_as_fit() -> N
     """With compile(jit_compile=True), check()'s first pass runs the model's own train
     function, which was the callback's wrapper: the check called itself (TraceError: blocks
     cannot be nested) and fit crashed. A blind spot of the compiled pass (an XLA call's
-    inner writes) also turned the XLA-off pass's clean result into "NOT reproducible"."""
+    inner writes) also turned the XLA-off pass's clean result into "NOT reproducible"; then
+    every check was "not everything compared", and on_failure="raise" stopped fit, though
+    the model's variables, all that fit's XLA step writes inside its train function, are
+    compared after every run (probe round 47, F3)."""
     rng = np.random.default_rng(1)
     x = rng.random((16, 6), dtype=np.float32)
     y = rng.random((16, 3), dtype=np.float32)
@@ -123,16 +126,13 @@ def test_callback_on_an_xla_model_checks_it_as_compiled_and_trains_as_fit() -> N
         return m
 
     with_cb, without = model(), model()
-    callback = DeterminismCheck(every_n_steps=2, repeats=2, on_failure="warn")
-    with pytest.warns(UserWarning) as caught:  # the compiled pass cannot see inside XLA
-        with_cb.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    callback = DeterminismCheck(every_n_steps=2, repeats=2, on_failure="raise")
+    with_cb.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     without.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     assert len(callback.reports) == 2
     for report in callback.reports:
-        assert report.as_compiled is not None, str(report)
-        assert not report.comparison.findings and not report.as_compiled.comparison.findings
-        assert report.verdict != "NOT reproducible", str(report)
-    assert all("NOT reproducible" not in str(w.message) for w in caught)
+        assert report.ok and report.program == "as compiled (XLA)", str(report)
+        assert not report.comparison.findings
     assert variables_bytes(collect_variables(with_cb)) == variables_bytes(
         collect_variables(without)
     )
@@ -297,3 +297,27 @@ def test_summaries_written_in_the_train_step_are_said_even_when_the_check_passes
         model.fit(x, x.sum(1, keepdims=True), batch_size=16, verbose=0, callbacks=[callback])
     assert all(r.ok for r in callback.reports) and len(callback.reports) == 2
     assert len([w for w in said if "writes summaries" in str(w.message)]) == 1
+
+
+def test_what_an_xla_call_writes_outside_state_is_still_said_not_compared() -> None:
+    """The other side: a compiled function called inside the step that writes a variable
+    check() does not hold leaves that variable uncompared, and the report says so."""
+    outside = tf.Variable(tf.zeros([4]))
+    held = tf.Variable(tf.ones([4]))
+
+    @tf.function(jit_compile=True)
+    def bump(v: Any, w: Any) -> Any:
+        v.assign_add(tf.ones([4]))
+        return tf.reduce_sum(w)
+
+    @tf.function
+    def step() -> Any:
+        held.assign_add(tf.ones([4]))
+        return bump(outside, held)
+
+    step()  # the XLA function is traced before the check
+    report = nddebug.check(step, state=[held], repeats=2, quantify=False)
+    assert not report.ok
+    assert any("the variables written by bump" in w for w in report.warnings), report.warnings
+    report = nddebug.check(step, state=[held, outside], repeats=2, quantify=False)
+    assert report.ok, report

@@ -348,20 +348,28 @@ def written_args(name: str) -> dict[int, int]:
     return found
 
 
-def blind_spots(graph: Any) -> list[str]:
+def blind_spots(graph: Any, variables: dict[str, frozenset[str]] | None = None) -> list[str]:
     """What an instrumented function cannot compare: the variables written by the opaque
     functions its graph calls. TensorFlow adds those call ops without running op callbacks
-    (a ConcreteFunction called inside a tf.function), so they are found by reading the graph."""
+    (a ConcreteFunction called inside a tf.function), so they are found by reading the graph.
+    ``variables`` gets, per warning, the variables it is about."""
     import tensorflow as tf
+
+    from nddebug.tracer.instrument import variable_identity
 
     found: list[str] = []
     for op in graph.get_operations():
         if op.type not in ("StatefulPartitionedCall", "PartitionedCall"):
             continue
         name = ops.as_str(op.get_attr("f").name)
+        written = written_args(name) if any(t.dtype == tf.resource for t in op.inputs) else {}
         if function_kind(name) == "instrumented":
-            found += REGISTRY.blind_spots.get(name, [])
-        elif any(t.dtype == tf.resource for t in op.inputs) and written_args(name):
+            for spot in REGISTRY.blind_spots.get(name, []):
+                found.append(spot)
+                inner = REGISTRY.blind_variables.get((name, spot))
+                if variables is not None and inner:
+                    variables[spot] = variables.get(spot, frozenset()) | inner
+        elif written:
             # Only a call tree that writes a variable: Keras's grouped convolutions call an
             # XLA function that only reads its kernel (its output is compared where it is
             # read), and every ConvNeXt was "not everything compared" (probe round 37).
@@ -380,6 +388,11 @@ def blind_spots(graph: Any) -> list[str]:
                 "retraced). Variables passed to check() as state= are still compared after "
                 "the step."
             )
+            if variables is not None:
+                here = {
+                    variable_identity(graph, op.inputs[i]) for i in written if i < len(op.inputs)
+                }
+                variables[found[-1]] = variables.get(found[-1], frozenset()) | here
     return found
 
 

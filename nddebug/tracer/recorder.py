@@ -95,6 +95,9 @@ class Recorder:
         self.session_hook = session.SessionHook(self)
         # XLA-compiled functions that ran (top level) or were traced nested inside one.
         self.xla_functions: set[str] = set()
+        # This run's warnings about what opaque calls inside functions wrote -> the
+        # variables they are about (see eager.record_variables).
+        self.blind_variables: dict[str, set[str]] = {}
         self.thread = threading.get_ident()
         # What other Python threads ran meanwhile: not recorded, and said so.
         self.other_threads = ThreadWatch(self.thread)
@@ -275,13 +278,16 @@ class Recorder:
         else:
             REGISTRY.instrumented_functions.add(name)
             graph = getattr(function, "graph", None)
+            written: dict[str, frozenset[str]] = {}
             spots = (
-                [*opaque.blind_spots(graph), *instrument.graph_notes(graph)]
+                [*opaque.blind_spots(graph, written), *instrument.graph_notes(graph)]
                 if graph is not None
                 else []
             )
             if spots:
                 REGISTRY.blind_spots[name] = spots
+            for spot, variables in written.items():
+                REGISTRY.blind_variables[(name, spot)] = variables
             xla = opaque.xla_called(graph) if graph is not None else set()
             if xla:
                 REGISTRY.xla_called[name] = xla

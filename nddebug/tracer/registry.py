@@ -52,6 +52,11 @@ class OpRegistry:
         # Instrumented function -> what it cannot compare (NOT_COMPARED warnings), said again
         # in every run that calls it.
         self.blind_spots: dict[str, list[str]] = {}
+        # (instrumented function, such a warning about the variables an opaque call in it
+        # writes) -> those variables, as OpInfo.resource names them: check() compares a
+        # variable it holds after every run (VariableState), and a warning whose variables
+        # all were is dropped from that run.
+        self.blind_variables: dict[tuple[str, str], frozenset[str]] = {}
         # Instrumented function -> the XLA-compiled functions it calls (opaque.xla_called).
         self.xla_called: dict[str, set[str]] = {}
         # per graph: output tensor (by name) -> digest tensor [2] (or None if unreadable)
