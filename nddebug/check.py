@@ -672,6 +672,7 @@ def check(
     from nddebug.emulate import suspended as emulation_suspended
 
     traced_unseeded = _traced_unseeded(fn, seed)
+    traced_before = _program_op_types(fn)  # the program the user runs, to compare the copy's
     try:
         with emulation() if emulate_gpu else contextlib.nullcontext():
             as_compiled = None
@@ -698,6 +699,9 @@ def check(
                     def warmed_up() -> None:
                         _keep_copy(fn, first, reuse)
                         st.keep_keras_functions(own, reuse)
+                        note = _retraced_otherwise(traced_before, first, not emulate_gpu)
+                        if note and note not in warnings:
+                            warnings.append(note)
 
                     report = compared(first, retrace, warmed_up)
                 if as_compiled is not None:
@@ -800,6 +804,61 @@ TRACED_UNSEEDED_NOTE = (
     "which they are seeded, so it checked another program than the one that runs. Set the "
     "seed before the function's first call, or give the ops a seed=."
 )
+
+
+#: Said when check()'s copy of the step holds other ops than the function the user runs.
+RETRACED_OTHERWISE_NOTE = (
+    NOT_COMPARED + "the function you run: check() traced a copy of it, and the copy {how}. "
+    "Python values read while tracing (a flag, a setting, a layer's attribute) changed since "
+    "your function was traced; TensorFlow keeps running the graph it traced then, so check() "
+    "compared another program than the one that runs. Check the step before changing such "
+    "values, or call tf.function anew (and its first call) after changing them."
+)
+#: Op types that instrumenting a step adds to its graph (or takes from a traced call) beside
+#: nddebug's own ops: not a sign of another program.
+_PLUMBING = frozenset(
+    {"Identity", "IdentityN", "NoOp", "Const", "ReadVariableOp", "Reshape", "Placeholder"}
+)
+
+
+def _program_op_types(fn: Any) -> list[set[str]]:
+    """The op types of each graph ``fn`` (a tf.function) was traced into so far, with those
+    of the functions they call (nddebug's own left out); [] for anything else."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    from nddebug.tracer import opaque
+
+    if not isinstance(fn, polymorphic_function.Function):
+        return []
+    try:
+        concrete = fn._list_all_concrete_functions()
+        return [
+            {t.split("(")[0] for t in opaque.ops_inside(cf.function_def.signature.name, cf.graph)}
+            for cf in concrete
+        ]
+    except Exception:  # noqa: BLE001 - a function TensorFlow cannot list: not compared
+        return []
+
+
+def _retraced_otherwise(before: list[set[str]], copy: Any, extra_too: bool) -> str:
+    """RETRACED_OTHERWISE_NOTE where ``copy`` (check()'s retraced, warmed-up copy) lacks an
+    op type every graph of the user's function holds, or (``extra_too``) holds one none of
+    them does. A step traced with an unseeded random op behind a Python flag, then the flag
+    turned off: TensorFlow's function still draws, check()'s copy did not, and the step was
+    "reproducible" (probe round 47, F12)."""
+    if not before or any(types != before[0] for types in before):
+        return ""  # never traced, or traced into other programs for other arguments
+    after = _program_op_types(copy) if copy is not None else []
+    if not after:
+        return ""
+    missing = set.intersection(*before) - set.union(*after)
+    extra = (set.intersection(*after) - set.union(*before) - _PLUMBING) if extra_too else set()
+    parts = []
+    if missing:
+        parts.append(f"lacks {', '.join(sorted(missing))}, which yours runs")
+    if extra:
+        parts.append(f"runs {', '.join(sorted(extra))}, which yours does not")
+    return RETRACED_OTHERWISE_NOTE.format(how=" and ".join(parts)) if parts else ""
 
 
 def _traced_unseeded(fn: Any, seed: int | None) -> list[str]:

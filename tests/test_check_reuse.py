@@ -211,3 +211,37 @@ def test_a_module_whose_call_is_a_tf_function_is_checked_as_that_function() -> N
     assert [v.name for v in calm.variables] == ["Variable:0"]  # nothing of nddebug's tracked
     # One step before, one per check (its final ordinary step): 1 + 3 * 0.5.
     np.testing.assert_array_equal(calm.w.numpy(), np.full([4, 2], 2.5, np.float32))
+
+
+def _flagged_step(cfg: dict[str, bool], w: tf.Variable):
+    @tf.function
+    def step(x):
+        h = x * w
+        if cfg["noise"]:  # read while tracing: the graph keeps what it was then
+            h = h + tf.random.uniform([4])
+        w.assign_add(h * 0.1)
+        return tf.reduce_sum(h)
+
+    return step
+
+
+def test_a_copy_traced_under_other_python_values_is_said_to_check_another_program() -> None:
+    """check() retraces the step: traced with an unseeded random op behind a Python flag
+    that was turned off since, the function still draws in every call, but check()'s copy
+    did not, and the step was "reproducible" (probe round 47, F12)."""
+    x = tf.ones([4])
+    cfg = {"noise": True}
+    w = tf.Variable(tf.ones([4]))
+    step = _flagged_step(cfg, w)
+    step(x)
+    cfg["noise"] = False
+    report = nddebug.check(step, x, state=[w], repeats=2, quantify=False)
+    assert not report.ok, report
+    (note,) = [n for n in report.not_compared if "traced a copy" in n]
+    assert "lacks" in note and "RandomUniform" in note, note
+
+    # The flag as it was when the function was traced: the same program, nothing said.
+    step = _flagged_step(cfg, w)
+    step(x)
+    report = nddebug.check(step, x, state=[w], repeats=2, quantify=False)
+    assert report.ok and not report.not_compared, report
