@@ -821,6 +821,16 @@ _PLUMBING = frozenset(
 )
 
 
+def _traced_concrete_functions(fn: Any) -> list[Any]:
+    """The graphs a tf.function was traced into so far, tracing nothing: TensorFlow's list
+    traces a function with an input signature (a step of no arguments has one) that was
+    never called, which traced the user's function, and the functions it calls, outside
+    check()'s block (those then ran uninstrumented)."""
+    if not fn.experimental_get_tracing_count():
+        return []
+    return list(fn._list_all_concrete_functions())
+
+
 def _program_op_types(fn: Any) -> list[set[str]]:
     """The op types of each graph ``fn`` (a tf.function) was traced into so far, with those
     of the functions they call (nddebug's own left out); [] for anything else."""
@@ -831,7 +841,7 @@ def _program_op_types(fn: Any) -> list[set[str]]:
     if not isinstance(fn, polymorphic_function.Function):
         return []
     try:
-        concrete = fn._list_all_concrete_functions()
+        concrete = _traced_concrete_functions(fn)
         return [
             {t.split("(")[0] for t in opaque.ops_inside(cf.function_def.signature.name, cf.graph)}
             for cf in concrete
@@ -872,7 +882,7 @@ def _traced_unseeded(fn: Any, seed: int | None) -> list[str]:
     if seed is None and context.global_seed() is None:
         return []
     try:
-        concrete = fn._list_all_concrete_functions()
+        concrete = _traced_concrete_functions(fn)
     except Exception:  # noqa: BLE001 - not a tf.function, or one never traced
         return []
     from nddebug.tracer import opaque
