@@ -414,3 +414,39 @@ def test_two_blocks_in_one_process_over_a_seeded_reshuffle_say_so() -> None:
     assert source.op.op_type == "IteratorGetNext"
     assert "reshuffles with its seed on every pass" in source.explanation
     assert "fresh processes make the same passes" in source.explanation
+
+
+def _dataset_in_step(read: str, noisy: bool) -> Any:
+    w = tf.Variable(tf.zeros([3]))
+
+    @tf.function
+    def step(x: Any) -> Any:
+        xa = x * tf.random.uniform([8, 1]) if noisy else x * 2.0
+        ds = tf.data.Dataset.from_tensor_slices(xa).batch(2)
+        if read == "reduce":
+            total = ds.reduce(tf.zeros([3]), lambda acc, b: acc + tf.reduce_sum(b, 0))
+        elif read == "for":
+            total = tf.zeros([3])
+            for b in ds:
+                total += tf.reduce_sum(b, 0)
+        else:
+            total = tf.reduce_sum(next(iter(ds)), 0)
+        w.assign_add(total)
+        return total
+
+    return step, w
+
+
+@pytest.mark.parametrize("read", ["reduce", "for", "next"])
+def test_a_dataset_built_in_the_step_from_values_that_differ_only_carries_them(read) -> None:
+    """A dataset made inside a tf.function from an unseeded random op's output: the op that
+    read its elements (ReduceDataset, IteratorGetNext) was named a second source, of kind
+    "input pipeline", with advice to fix a pipeline that was deterministic (probe round 47,
+    F11). The random op is the one source; built from equal values, nothing differs."""
+    x = tf.ones([8, 3])
+    step, w = _dataset_in_step(read, noisy=True)
+    report = nddebug.check(step, x, state=[w], repeats=2, quantify=False)
+    sources = report.culprits[report.culprits.role == "source"]
+    assert list(sources.op_type) == ["RandomUniform"], report
+    step, w = _dataset_in_step(read, noisy=False)
+    assert nddebug.check(step, x, state=[w], repeats=2, quantify=False).ok

@@ -1088,6 +1088,68 @@ def _derivable(
     )
 
 
+#: A dataset op's seed inputs: left out of its variant's stand-in digest (as eager's are,
+#: eager._SEED_ARGS): seeds that differ make the order differ, which the reads show and name.
+_SEED_INPUTS = frozenset({"seed", "seed2"})
+
+
+def _dataset_lineage(
+    graph: Any, op: Any, op_type: str, inputs: Any, outputs: Any, per_input: list[Any]
+) -> None:
+    """Give the datasets a graph op makes a stand-in digest, made from its inputs' digests
+    (seeds left out), that what is built on them and what reads them take as an input; and an
+    iterator bound to a dataset (MakeIterator) the dataset's. A dataset built inside a step
+    from values that differ (from_tensor_slices of an unseeded random op's output) is then
+    seen to differ down to the op that reads its elements, which only carries the
+    difference; that op (IteratorGetNext, ReduceDataset) was named a second source, with
+    advice to fix a pipeline that was deterministic (probe round 47, F11). Eager datasets
+    get the same from eager._variant_lineage."""
+    if "Dataset" not in op_type and op_type != "MakeIterator":
+        return
+    names = _input_names(op, op_type)
+    if len(names) != len(inputs) or len(per_input) != len(inputs):
+        return
+    kept = [
+        d
+        for name, t, d in zip(names, inputs, per_input, strict=True)
+        # A handle a dataset's function captures (a variable a `for` loop's body updates)
+        # has no value of its own to carry.
+        if name not in _SEED_INPUTS and not (d is None and t.dtype.name == "resource")
+    ]
+    if not kept or any(d is None or isinstance(d, bool) for d in kept):
+        return  # a dataset from outside the function, or an unread input: nothing to carry
+    cache = REGISTRY.graph_cache(graph)
+    if op_type == "MakeIterator":
+        cache[inputs[1].name] = kept[0]  # the iterator hands out the dataset's elements
+        return
+    variants = [t for t in outputs if t.dtype.name == "variant"]
+    if variants:
+        lineage = derived_digest(graph, kept)
+        for t in variants:
+            cache[t.name] = lineage
+
+
+def _input_names(op: Any, op_type: str) -> list[str]:
+    """The name of the op definition's argument each input of ``op`` fills (a list argument,
+    ScanDataset's other_arguments, fills several); [] where that cannot be told."""
+    op_def = ops.op_def(op_type)
+    if op_def is None:
+        return []
+    names: list[str] = []
+    try:
+        for arg in op_def.input_arg:
+            if arg.number_attr:
+                n = int(op.get_attr(arg.number_attr))
+            elif arg.type_list_attr:
+                n = len(op.get_attr(arg.type_list_attr))
+            else:
+                n = 1
+            names += [arg.name] * n
+    except Exception:  # noqa: BLE001 - an attribute this op does not have
+        return []
+    return names
+
+
 def derived_digest(graph: Any, in_digests: list[Any]) -> Any:
     """The digest of a byte mover's output, made from the digests its record holds as its
     inputs: the digest (docs/format.md) of those pairs, in order, as an int64 vector. Equal
@@ -1783,6 +1845,7 @@ def instrument_op(
                 out_digests = [True if _digestible(t) else None for t in out_tensors]
             else:
                 out_digests = [digest_in_graph(graph, t) for t in out_tensors]
+        _dataset_lineage(graph, op, op_type, inputs, outputs, per_input)
         readable_out = [d for d in out_digests if d is not None]
     readable_in = [d for d in in_digests if d is not None]
     stateful = bool(op._is_stateful) if hasattr(op, "_is_stateful") else False
