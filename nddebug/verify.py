@@ -32,7 +32,11 @@ _FIRST_LINE = re.compile(r"^\s*(?:\S+Error: )?(.*)$")
 FIX_ENV = {
     "op determinism": {"TF_DETERMINISTIC_OPS": "1"},
     "seeds": {"NDDEBUG_SEED": "0"},
+    "hash seed": {"PYTHONHASHSEED": "0"},
+    "seeds and hash seed": {"NDDEBUG_SEED": "0", "PYTHONHASHSEED": "0"},
 }
+#: Fixes that only fresh processes can apply: a process's hash seed is fixed when it starts.
+PER_PROCESS = frozenset({"hash seed", "seeds and hash seed"})
 VERDICTS = ("fixed", "still divergent", "raises here", "not verified")
 
 
@@ -81,10 +85,17 @@ def raised_from(error: BaseException | str, device: str | None = "GPU") -> Raise
 
 
 def fix_for(row: Any) -> str:
-    """Which fix a source's advice names: "op determinism", "seeds", or "" (none to apply)."""
+    """Which fix a source's advice names: "op determinism", "seeds", "hash seed" (the same
+    PYTHONHASHSEED in every process), "seeds and hash seed", or "" (none to apply). Advice
+    to fix the hash seed was verified with seeds alone, which cannot change a set's order:
+    "still divergent" beside advice that works (probe round 47, F9)."""
     fix = str(row.get("fix", ""))
-    if str(row.get("kind", "")) == "random" or ("seed" in fix.lower() and "determinism" not in fix):
-        return "seeds"
+    low = fix.lower()
+    hashed = "pythonhashseed" in low or "--hashseed" in low
+    rest = low.replace("pythonhashseed", "").replace("--hashseed", "")
+    seeds = str(row.get("kind", "")) == "random" or ("seed" in rest and "determinism" not in fix)
+    if seeds or hashed:
+        return "seeds and hash seed" if seeds and hashed else "seeds" if seeds else "hash seed"
     if "enable_op_determinism" in fix or "TF_DETERMINISTIC_OPS" in fix:
         return "op determinism"
     return ""
@@ -237,13 +248,16 @@ def verify(
         rows.append((raised.op_type, "op determinism", "raises here", raised.message))
     replay = getattr(report, "replay", None)
     for fix, op_types in groups.items():
-        if fix and script is None and replay is not None:
+        if fix and script is None and replay is not None and fix not in PER_PROCESS:
             rows += _in_process(replay, fix, op_types)
             continue
         if not fix or script is None:
             why = (
                 "the advice names no fix to apply automatically"
                 if not fix
+                else "a process's hash seed is fixed when it starts: run `nddebug run "
+                "--verify SCRIPT` to apply it in fresh processes"
+                if fix in PER_PROCESS
                 else "no step to re-run: this report was not made by check(); pass "
                 "script= (or run `nddebug run --verify SCRIPT`) to re-run it in fresh processes"
             )

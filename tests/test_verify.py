@@ -132,3 +132,24 @@ def test_a_recheck_that_did_not_compare_everything_does_not_say_fixed() -> None:
     row = report.verify().set_index("op_type").loc["RandomStandardNormal"]
     assert row["verdict"] == "not verified", row.to_dict()
     assert "traced before a global seed was set" in row["detail"], row["detail"]
+
+
+def test_advice_to_fix_the_hash_seed_is_verified_with_it() -> None:
+    """Advice that names PYTHONHASHSEED was verified with seeds alone, which cannot change a
+    set's order: "still divergent" beside advice that works (probe round 47, F9)."""
+    vocabulary = {
+        "kind": "other",
+        "fix": "Build the vocabulary in a fixed order (sorted), or start every process with the "
+        "same PYTHONHASHSEED (nddebug run --hashseed 0).",
+    }
+    assert verify.fix_for(vocabulary) == "hash seed"
+    assert verify.fix_for({"kind": "random", "fix": "Seed the op."}) == "seeds"
+    script = os.path.join(SCRIPTS, "hash_order.py")
+    report = _report(script, PYTHONHASHSEED="random")  # 20 strings: never one order by chance
+    sources = set(report.sources["op_type"])
+    assert sources, str(report)
+    table = report.verify(script=script, runs=2, **ENV)
+    rows = table[table["op_type"].isin(sources)]
+    assert set(rows["fix"]) == {"seeds and hash seed"}, table
+    assert set(rows["verdict"]) == {"fixed"}, table
+    assert "PYTHONHASHSEED=0" in rows.iloc[0]["detail"], table
