@@ -180,6 +180,34 @@ def _reuse_key(mode: str, k: int, emulate_gpu: bool, seed: int | None) -> tuple:
     )
 
 
+def _callable_as_a_step(fn: Callable[..., Any]) -> None:
+    """Refuse, before anything runs, what check() cannot run as a step: a call from inside a
+    tf.function (check() runs the step eagerly, several times, and restores state between
+    runs; it failed in NumPy conversion), and a generator or coroutine function, whose body
+    runs only when iterated or awaited (it "recorded no TensorFlow op", and the coroutine was
+    left unawaited; probe round 47, F15)."""
+    import inspect
+
+    import tensorflow as tf
+
+    from nddebug.errors import TraceError
+
+    if tf.inside_function():
+        raise TraceError(
+            "nddebug.check() was called while a tf.function is being traced: it runs the step "
+            "eagerly, several times, restoring state between runs. Call check() from Python "
+            "(outside any tf.function), with the tf.function as the step."
+        )
+    target = getattr(fn, "python_function", fn)
+    if inspect.isgeneratorfunction(target) or inspect.iscoroutinefunction(target):
+        what = "a generator" if inspect.isgeneratorfunction(target) else "a coroutine"
+        raise TypeError(
+            f"check() runs the step and compares what it computes, but {fn!r} is {what} "
+            "function: its body runs only when it is iterated or awaited. Pass a function "
+            "that runs the step when called."
+        )
+
+
 def _function_called(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The tf.function that calling ``fn`` runs, where ``fn`` is an object (a ``tf.Module``)
     whose ``__call__`` is one: check() retraces a tf.function it is given (:func:`_fresh`),
@@ -397,6 +425,7 @@ def check(
         raise TypeError(f"seed must be a whole number or None, got {seed!r}")
     if not callable(fn):
         raise TypeError(f"check() needs the step to run (a callable), got {type(fn).__name__}")
+    _callable_as_a_step(fn)
     fn = _function_called(fn)
     if mode == "repeat" and repeats < 2:
         raise ValueError(f"repeats must be at least 2 to compare runs, got {repeats}")

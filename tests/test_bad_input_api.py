@@ -247,3 +247,39 @@ def test_recordings_that_share_no_op_say_so() -> None:
     # Runs of one program share their ops: nothing said.
     same = nddebug.compare([runs["a"], runs["a again"]])
     assert same.ok and not any("share no op" in w for w in same.warnings)
+
+
+def test_check_refuses_a_step_it_cannot_run_before_running_it() -> None:
+    """check() inside a tf.function failed in NumPy conversion; a generator or coroutine
+    function "recorded no TensorFlow op" and left its coroutine unawaited (probe round 47,
+    F15). Each is refused with what to do, and nothing of the step ran."""
+    import asyncio
+
+    from nddebug.errors import TraceError
+
+    ran = []
+
+    def step() -> Any:
+        ran.append(1)
+        return tf.reduce_sum(tf.ones([3]))
+
+    @tf.function
+    def outer() -> Any:
+        nddebug.check(step, repeats=2)
+        return tf.constant(0.0)
+
+    with pytest.raises(TraceError, match=r"while a tf\.function is being traced"):
+        outer()
+
+    def generator() -> Any:
+        ran.append(1)
+        yield tf.ones([2])
+
+    async def coroutine() -> Any:
+        ran.append(1)
+        await asyncio.sleep(0)
+
+    for fn, what in ((generator, "a generator function"), (coroutine, "a coroutine function")):
+        with pytest.raises(TypeError, match=what):
+            nddebug.check(fn, repeats=2)
+    assert not ran
