@@ -86,6 +86,13 @@ def known_risks(
     env = recordings[0].environment or {}
     determinism = bool(env.get("op_determinism"))
     diverged = {f.key for f in findings if f.role in ("source", "propagated")}
+    # The op types that differed: a loop's random ops are recorded in its body, and its own
+    # outputs (a map_fn's TensorList) may hold nothing digested.
+    differed_types = {
+        getattr(getattr(f, "op", None), "op_type", "")
+        for f in findings
+        if f.role in ("source", "propagated")
+    }
     race = _race_culprit()
     seen: dict[str, Risk] = {}
     for rec in recordings[:1]:
@@ -173,13 +180,17 @@ def known_risks(
                 culprit = _race_culprit(topic)
                 key = f"{op.key} > {suffix}"
                 if culprit is not None and key not in seen:
+                    # A random op of the loop that differed showed it (a map_fn's unseeded
+                    # RandomUniform was the source and "no difference seen"; probe round 47,
+                    # F14).
+                    shown = suffix == "loop" and bool(set(racing or ()) & differed_types)
                     seen[key] = Risk(
                         op_type=op_type,
                         op_name=name,
                         key=key,
                         location=op.location,
                         device=device,
-                        observed=op.key in diverged,
+                        observed=op.key in diverged or shown,
                         applies=True,
                         culprit=culprit,
                     )

@@ -62,3 +62,22 @@ def test_a_known_kernel_in_a_tf1_loop_is_one_risk_seen_wherever_the_loop_differe
     same = _runs([1, 1])
     (risk,) = [r for r in risks.known_risks(same, compare_recordings(same).findings) if r.applies]
     assert risk.op_type == "ResourceScatterAdd" and not risk.observed
+
+
+def test_a_map_fn_random_op_that_was_the_source_is_not_also_said_unseen() -> None:
+    """An unseeded random op in a map_fn body: the report named it the source and, of the
+    same op, "no difference seen ... but the knowledge base lists it" (the loop's outputs, a
+    TensorList, hold nothing digested; probe round 47, F14)."""
+    import tensorflow as tf
+
+    import nddebug
+
+    x = tf.reshape(tf.range(24, dtype=tf.float32), [6, 4]) / 10.0
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.map_fn(lambda r: tf.reduce_sum(r) * tf.random.uniform([]), x))
+
+    report = nddebug.check(step, x, repeats=3, quantify=False)
+    assert "RandomUniform" in set(report.sources["op_type"]), report
+    assert not any("no difference seen" in n for n in report.verdict_notes), report.verdict_notes
