@@ -746,6 +746,11 @@ def check(
         streams.restore()
         from nddebug import environment
 
+        if isinstance(exc, TypeError) and OUT_OF_SCOPE in str(exc):
+            # A resource the function made on its first call and kept in Python (a lookup
+            # table): check()'s retraced copy cannot use it, as a retrace of the function
+            # itself cannot (probe round 47, F6).
+            raise TypeError(RETRACE_OUT_OF_SCOPE.format(error=str(exc).splitlines()[0])) from exc
         # Only op determinism turns a kernel with no deterministic variant into an error;
         # without it, an UnimplementedError is the step's own and is the user's to see.
         if type(exc).__name__ != "UnimplementedError" or not environment.capture().get(
@@ -835,6 +840,16 @@ TRACED_UNSEEDED_NOTE = (
 )
 
 
+#: TensorFlow's error for a tensor of another function's graph used in a retrace.
+OUT_OF_SCOPE = "is out of scope and cannot be used here"
+#: Said instead, when check()'s retraced copy of the step met such a tensor.
+RETRACE_OUT_OF_SCOPE = (
+    "check() retraces the step to record its ops, and the retrace uses a tensor an earlier "
+    "trace made ({error}): the function creates something on its first call (a lookup table, "
+    "a tf.Variable of its own) and keeps it in Python, which no other trace can use. "
+    "TensorFlow raises the same when it retraces the function itself (new input shapes). "
+    "Create it outside the function (or in its __init__), and pass or capture it."
+)
 #: Said when check()'s copy of the step holds other ops than the function the user runs.
 RETRACED_OTHERWISE_NOTE = (
     NOT_COMPARED + "the function you run: check() traced a copy of it, and the copy {how}. "

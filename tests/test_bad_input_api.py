@@ -283,3 +283,24 @@ def test_check_refuses_a_step_it_cannot_run_before_running_it() -> None:
         with pytest.raises(TypeError, match=what):
             nddebug.check(fn, repeats=2)
     assert not ran
+
+
+def test_a_table_made_on_the_first_call_is_refused_with_what_to_do() -> None:
+    """A tf.function that makes its lookup table on its first call and keeps it in Python:
+    check()'s retraced copy cannot use it (nor can TensorFlow's own retrace), and check()
+    ended with TensorFlow's "out of scope" TypeError (probe round 47, F6)."""
+    held: dict[str, Any] = {}
+
+    @tf.function
+    def step(x: Any) -> Any:
+        if "t" not in held:
+            keys, values = tf.constant([1, 2, 3], tf.int64), tf.constant([0.5, 1.5, 2.5])
+            init = tf.lookup.KeyValueTensorInitializer(keys, values)
+            held["t"] = tf.lookup.StaticHashTable(init, 0.0)
+        return tf.reduce_sum(held["t"].lookup(tf.constant([1, 3], tf.int64))) * tf.reduce_sum(x)
+
+    x = tf.constant([1.0, 2.0, 3.0])
+    step(x)
+    with pytest.raises(TypeError, match="Create it outside the function"):
+        nddebug.check(step, x, repeats=2)
+    assert float(step(x)) == 18.0  # the function itself still runs
