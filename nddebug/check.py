@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import re
+import sys
 import warnings as py_warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -81,7 +82,42 @@ def unrestored_updates(
             if op.resource not in kept:
                 where = f" at {op.location}" if op.location else ""
                 missed.setdefault(op.resource, f"{op.op_name or op.op_type}{where}")
-    return sorted(missed.values())
+    names = _variable_names(set(missed))
+    return sorted(
+        f"{names[res]} ({what})" if res in names else what for res, what in missed.items()
+    )
+
+
+def _variable_names(identities: set[str]) -> dict[str, str]:
+    """The names of the live variables with these identities (ops.eager_identity), as the
+    user knows them: a Keras variable's path (``random_flip/seed_generator_state``, which
+    names its layer), else the tf.Variable's name. Found among the process's objects, only
+    for a warning: the warning named the ops that updated them alone, neither the variables
+    nor their owner (probe round 47, F4)."""
+    if not identities:
+        return {}
+    import gc
+
+    import tensorflow as tf
+
+    keras = sys.modules.get("keras")
+    keras_variable = getattr(keras, "Variable", None) if keras is not None else None
+    kinds = (tf.Variable, keras_variable) if isinstance(keras_variable, type) else (tf.Variable,)
+    names: dict[str, str] = {}
+    for obj in gc.get_objects():
+        if not isinstance(obj, kinds):  # (type checks only: other objects load lazily)
+            continue
+        inner = getattr(obj, "_value", None) if not isinstance(obj, tf.Variable) else None
+        var = inner if isinstance(inner, tf.Variable) else obj
+        if not isinstance(var, tf.Variable) or not hasattr(var, "handle"):
+            continue
+        try:
+            identity = eager_identity(var.handle)
+        except Exception:  # noqa: BLE001 - a variable without an eager handle
+            continue
+        if identity in identities and (identity not in names or var is not obj):
+            names[identity] = str(getattr(obj, "path", None) or var.name)
+    return names
 
 
 def iterators_carried_over(first: Recording, second: Recording) -> dict[str, str]:
@@ -582,8 +618,9 @@ def check(
                     f"not hold (updated by {', '.join(missed[:3])}{more}): every repeat starts "
                     "from what the previous one left in them, so what reads them differs, and "
                     "the steps after the check go on from where the last run left them. Add "
-                    "their owner to state= (an optimizer: state=[model, optimizer]; a "
-                    "tf.random.Generator or a MutableHashTable: itself)."
+                    "their owner to state= (an optimizer: state=[model, optimizer]; a Keras "
+                    "layer or model, whose random layers keep a seed generator's state: that "
+                    "layer or model; a tf.random.Generator or a MutableHashTable: itself)."
                 )
         if mode == "rerun":
             # One traced step is the whole check: its ops were compared with themselves.

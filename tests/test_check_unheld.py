@@ -226,3 +226,20 @@ def test_a_random_initial_value_made_on_the_first_call_is_not_drawn_again() -> N
     report = nddebug.check(step, x, repeats=2, quantify=False)
     assert not report.culprits.role.eq("source").any(), report
     np.testing.assert_array_equal(holder["w"].numpy(), plain)
+
+
+def test_the_unheld_variables_of_an_eager_step_are_named() -> None:
+    """An eager step whose Keras random layer is not in state=: the warning named the ops
+    that updated its seed generator's state, not the variable nor what holds it (probe round
+    47, F4)."""
+    keras.utils.set_random_seed(0)
+    flip = keras.layers.RandomFlip("horizontal")
+    w = tf.Variable(tf.ones([4, 4, 1]))
+
+    def step(x: Any) -> Any:
+        w.assign_add(flip(x, training=True)[0] * 0.01)
+        return tf.reduce_sum(w)
+
+    report = nddebug.check(step, tf.ones([2, 4, 4, 1]), state=[w], repeats=2, quantify=False)
+    (said,) = [m for m in report.warnings if "that state= does not hold" in m]
+    assert "seed_generator_state" in said and "Keras layer" in said, said
