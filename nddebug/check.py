@@ -490,6 +490,7 @@ def check(
     moved_on: list[str] = []
     fresh_kernels: set[str] = set()  # the seeded stateful random ops that drew from fresh kernels
     per_run_made: set[int] | None = None  # variables made by runs after the warm-up (one_run)
+    program = [""]  # what the runs' labels begin with: AS_COMPILED for the pass as compiled
     # With seed=: Keras's global SeedGenerator as the warm-up made it. Seeding drops it, and
     # each run made a new one (another variable): "took a different path" (probe round 38).
     seeded_keras: dict[str, Any] = {}
@@ -517,6 +518,7 @@ def check(
         # runs compare the same draws, and the user's own kernels are left to the last step.
         copies = FreshCopies()
         try:
+            label = program[0] + label
             with keeper.watch_creation(), trace(label=label, rerun=k_here, record_env=False) as rec:
                 assert Recorder.active is not None
                 Recorder.active.rerun_only = rerun_only
@@ -745,8 +747,12 @@ def check(
             if _uses_xla(fn, models) and mode == "repeat":
                 # The program as the user runs it first: XLA clusters are compared at their
                 # boundary (outputs and the variables they write), not op by op.
-                with st.keras_functions_kept(models):
-                    as_compiled = compared(fn, lambda: fn)
+                program[0] = AS_COMPILED
+                try:
+                    with st.keras_functions_kept(models):
+                        as_compiled = compared(fn, lambda: fn)
+                finally:
+                    program[0] = ""
                 as_compiled.program = "as compiled (XLA)"
             if as_compiled is None or not as_compiled.ok:
                 # The step's instrumented copy (and the Keras functions it builds) is made
@@ -877,6 +883,9 @@ TRACED_UNSEEDED_NOTE = (
 )
 
 
+#: How the labels of check()'s runs of a step as compiled (XLA on) begin: a file check()
+#: appended both passes to holds two programs' runs, which `nddebug report` compares apart.
+AS_COMPILED = "as compiled: "
 #: TensorFlow's error for a tensor of another function's graph used in a retrace.
 OUT_OF_SCOPE = "is out of scope and cannot be used here"
 #: Said instead, when check()'s retraced copy of the step met such a tensor.

@@ -351,6 +351,23 @@ def _report(args: argparse.Namespace) -> int:
     recordings = load(args.file)
     if not recordings:
         raise UsageError(f"{args.file}: the file holds no runs")
+    programs = _by_program(recordings)
+    if programs:
+        # check(path=) of an XLA step: the runs as compiled, then with XLA off to name the op.
+        collected: list[str] = []
+        pieces = _Pieces(args.format, collected.append, several=True)
+        status = OK
+        for title, recs in programs:
+            pieces.text(f"\n=== {title} ===")
+            try:
+                report = compare(recs)
+            except NotComparableError as exc:
+                raise UsageError(f"{args.file}: {exc}") from None
+            pieces.report(report, {"block": None, "label": title, "worker": None})
+            status = max(status, OK if report.ok else FOUND)
+        pieces.finish()
+        _emit("\n".join(collected).lstrip("\n"), args.output)
+        return status
     per_run = _as_runs(recordings)
     if per_run is not None and max(len(blocks) for run in per_run for blocks in run) == 1:
         if max(len(run) for run in per_run) == 1:
@@ -367,6 +384,24 @@ def _report(args: argparse.Namespace) -> int:
     status = _compare_blocks(per_run, args.format, pieces.append)
     _emit("\n".join(pieces).lstrip("\n"), args.output)
     return status
+
+
+def _by_program(recordings: list[Any]) -> list[tuple[str, list[Any]]]:
+    """A file `check(path=)` wrote for a step compiled with XLA holds the runs of two
+    programs: the step as compiled (labels beginning ``as compiled: ``) and, where that was
+    not shown reproducible, the step with XLA off. They are compared apart; compared as one
+    set of runs, the second program's ops "ran in some runs only" and the real source was
+    called control flow (probe round 47, F7). [] for any other file."""
+    from nddebug.check import AS_COMPILED
+
+    compiled = [r for r in recordings if (r.label or "").startswith(AS_COMPILED)]
+    if not compiled:
+        return []
+    rest = [r for r in recordings if not (r.label or "").startswith(AS_COMPILED)]
+    groups = [("the step as compiled (XLA on)", compiled)]
+    if rest:
+        groups.append(("the step with XLA off (to name the op)", rest))
+    return groups
 
 
 def _hashseed(option: str, run: int) -> str | None:

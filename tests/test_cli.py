@@ -279,3 +279,36 @@ def test_report_of_several_blocks_is_one_json_or_csv_document(tmp_path, capsys) 
     assert list(table.columns[:3]) == ["block", "label", "worker"]
     assert set(table["block"]) == {2} and set(table["label"]) == {"noisy"}
     assert "RandomUniform" in set(table["op_type"])
+
+
+def test_report_of_an_xla_checks_file_compares_each_program_apart(tmp_path, capsys) -> None:
+    """check(path=) of an XLA step appends the runs of the step as compiled and then with XLA
+    off, under the same labels: `report` compared them as one set, said "0 source op(s)" and
+    called the real source "control flow" (probe round 47, F7)."""
+    import numpy as np
+    import tensorflow as tf
+
+    import nddebug
+    from nddebug.cli import main
+
+    w = tf.Variable(tf.ones([4, 3]))
+    x = tf.constant(np.arange(24, dtype=np.float32).reshape(6, 4) / 10)
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        h = tf.reduce_sum(x @ w) * tf.random.uniform([])
+        w.assign_sub(0.01 * w * h)
+        return h
+
+    step(x)
+    path = str(tmp_path / "xla.nddebug")
+    live = nddebug.check(step, x, state=[w], repeats=3, path=path, quantify=False)
+    assert live.program == "XLA off", live
+    labels = [r.label for r in nddebug.load(path)]
+    assert any(label.startswith("as compiled: ") for label in labels), labels
+    assert main(["report", path]) == 1
+    out = capsys.readouterr().out
+    compiled, _, off = out.partition("=== the step with XLA off (to name the op) ===")
+    assert "=== the step as compiled (XLA on) ===" in compiled and off, out
+    assert "control flow" not in out, out
+    assert "Source: RandomUniform" in " ".join(off.split()), off
