@@ -596,7 +596,7 @@ def check(
         if passes and passes not in warnings:
             warnings.append(passes)
             warm.warnings.append(passes)
-        for written in (_summaries_note(warm), _checkpoints_note(warm)):
+        for written in (_summaries_note(warm), _checkpoints_note(warm), _py_functions_note(warm)):
             if written and written not in warnings:
                 warnings.append(written)
                 warm.warnings.append(written)
@@ -1171,6 +1171,29 @@ def _summaries_note(rec: Recording) -> str:
         "step counter back (an optimizer's iterations), otherwise at the next step numbers, "
         "which shifts the steps after the check. Check a step that writes no summaries, or "
         "write them outside the checked function."
+    )
+
+
+#: tf.py_function's op: its Python function runs TensorFlow ops where no op callback is.
+PY_FUNCTIONS = re.compile(r"^EagerPyFunc$")
+
+
+def _py_functions_note(rec: Recording) -> str:
+    """What check() cannot see or put back inside a tf.py_function ("" if the step runs
+    none): TensorFlow runs its Python function on one of its own threads, where nddebug's
+    op callbacks are not, so a tf.random.Generator it draws from (or a variable it writes)
+    moved on in every run, unrestored and unsaid, and training after the check went on
+    from there (probe round 47, F5)."""
+    found = _ran(rec, PY_FUNCTIONS)
+    if not found:
+        return ""
+    return (
+        f"The step runs tf.py_function ({', '.join(found[:3])}): TensorFlow runs its Python "
+        "function on a thread of its own, where nddebug records nothing, so its output is "
+        "compared but not its ops, and what they change (a tf.random.Generator they draw "
+        "from, a variable they write) is put back between runs only if state= holds it: "
+        "otherwise every run, and the steps after the check, go on from where the last run "
+        "left it. Pass such generators and variables as state=."
     )
 
 
