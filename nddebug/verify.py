@@ -255,8 +255,9 @@ def verify(
             why = (
                 "the advice names no fix to apply automatically"
                 if not fix
-                else "a process's hash seed is fixed when it starts: run `nddebug run "
-                "--verify SCRIPT` to apply it in fresh processes"
+                else "a process's hash seed is fixed when it starts, so this fix needs fresh "
+                "processes: verify with a script (`nddebug run --verify SCRIPT`, or "
+                "report.verify(script=...))"
                 if fix in PER_PROCESS
                 else "no step to re-run: this report was not made by check(); pass "
                 "script= (or run `nddebug run --verify SCRIPT`) to re-run it in fresh processes"
