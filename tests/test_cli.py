@@ -39,7 +39,7 @@ def test_hash_randomisation_reaches_the_first_tf_op_and_a_fixed_seed_fixes_it() 
     assert "PYTHONHASHSEED" in source["explanation"] and "--hashseed" in source["fix"]
     # Processes keep digests only: the magnitudes are there, and unknown.
     assert source["rel_diff"] is None and source["scale"] is None
-    fixed = nddebug("run", "-n", "3", "--hashseed", "0", script)
+    fixed = nddebug("run", "-n", "2", "--hashseed", "0", script)  # two suffice: equal or not
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "reproducible" in fixed.stdout and "NOT" not in fixed.stdout
 
@@ -57,7 +57,7 @@ def test_run_on_the_cnn_script_exits_zero(tmp_path) -> None:
     out = str(tmp_path / "cnn.nddebug")
     # A CPU fact: on a GPU the CNN's BiasAddGrad and Conv2DBackpropFilter diverge.
     result = nddebug(
-        "run", "-n", "3", "-o", out, os.path.join(SCRIPTS, "cnn_step.py"), env=CPU_ONLY
+        "run", "-n", "2", "-o", out, os.path.join(SCRIPTS, "cnn_step.py"), env=CPU_ONLY
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # The saved runs re-render the same verdict, in every format.
@@ -65,7 +65,7 @@ def test_run_on_the_cnn_script_exits_zero(tmp_path) -> None:
         again = nddebug("report", out, "--format", fmt)
         assert again.returncode == 0, again.stderr
     assert "<table" not in nddebug("report", out, "--format", "html").stdout  # nothing to list
-    assert json.loads(nddebug("report", out, "--format", "json").stdout)["summary"]["runs"] == 3
+    assert json.loads(nddebug("report", out, "--format", "json").stdout)["summary"]["runs"] == 2
 
 
 def test_diff_names_the_op_whose_kernel_changed_under_op_determinism(tmp_path) -> None:

@@ -43,7 +43,7 @@ from nddebug.tracer import (
     undefined,
     unneeded,
 )
-from nddebug.tracer.location import graph_location
+from nddebug.tracer.location import creation_location, graph_location
 from nddebug.tracer.registry import REGISTRY, graph_gate
 
 #: TensorFlow's name for the backward graph of a function call: "__backward_<forward>_<uid>".
@@ -1674,9 +1674,12 @@ def instrument_op(
     outputs: Any,
     op_name: str | None,
     graph: Any,
+    frame: Any = None,
 ) -> Any:
     """Add the digest ops and the host callback for one graph op, as it is created; return
-    the op that delivers its executions (None when nothing of it is recorded)."""
+    the op that delivers its executions (None when nothing of it is recorded). ``frame``:
+    where the op callbacks were invoked from, when the op is being made now (its location
+    is then read from the live stack, see location.creation_location)."""
     import tensorflow as tf
 
     note_seen(graph, op_name or (outputs[0].op.name if outputs else None))
@@ -1877,7 +1880,11 @@ def instrument_op(
         op_name=op.name,
         graph=graph_name(graph),
         device=op.device or "",
-        location=graph_location(op, rec.lib_dirs),
+        location=(
+            creation_location(op, frame, rec.lib_dirs)
+            if frame is not None
+            else graph_location(op, rec.lib_dirs)
+        ),
         dtypes=[t.dtype.name for t in out_tensors],
         shapes=[t.shape.as_list() if t.shape.rank is not None else None for t in out_tensors],
         digestible=[d is not None for d in out_digests],

@@ -4,6 +4,7 @@ active, it sends each op to the eager or graph path and collects the events they
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from typing import Any
 
@@ -323,7 +324,14 @@ class Recorder:
                     pass  # a TF1 graph is instrumented by the Session.run that executes it
                 elif not instrument.is_data_graph(graph):
                     instrument.instrument_op(
-                        self, op_type, inputs or (), attrs, outputs or (), op_name, graph
+                        self,
+                        op_type,
+                        inputs or (),
+                        attrs,
+                        outputs or (),
+                        op_name,
+                        graph,
+                        sys._getframe(1),  # TensorFlow's, making the op now
                     )
             except Exception as exc:  # noqa: BLE001 - never break the user's program
                 # Not compared: what it output is seen only where its readers digest it,
