@@ -282,3 +282,44 @@ def test_a_function_named_like_an_xla_one_has_its_gradient_recorded() -> None:
     assert not rec.warnings, rec.warnings
     graphs = {op.graph for op in rec.ops.values()}
     assert any(g.startswith("__backward_inner") for g in graphs), graphs
+
+
+def test_the_location_read_from_the_live_stack_is_the_tracebacks(monkeypatch) -> None:
+    """An op's location is read from the live stack while it is made (location.
+    creation_location); TensorFlow's own traceback of the op must give the same line and the
+    same layer scope, on a Keras model called from a step (layers: the scope), an LSTM (a
+    while loop and its gradient) and an autograph loop with a branch."""
+    import keras
+
+    from nddebug.tracer import instrument, location
+
+    compared: list[tuple[str, str, str]] = []
+    live = location.creation_location
+
+    def both(op, frame, lib_dirs):
+        where = live(op, frame, lib_dirs)
+        compared.append((op.name, where, location.graph_location(op, lib_dirs)))
+        return where
+
+    monkeypatch.setattr(instrument, "creation_location", both)
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4), keras.layers.Dense(2)])
+    opt = keras.optimizers.Adam()
+    v = tf.Variable(tf.ones([2]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+            for _ in tf.range(2):
+                if loss > 0:
+                    loss += tf.reduce_sum(v)
+        grads = tape.gradient(loss, [*model.trainable_variables, v])
+        opt.apply_gradients(zip(grads, [*model.trainable_variables, v], strict=True))
+        return loss
+
+    with nddebug.trace():
+        step(tf.ones([2, 5, 3]))
+    assert len(compared) > 200
+    assert [c for c in compared if c[1] != c[2]] == []
+    here = [c for c in compared if "test_trace_coverage.py" in c[1]]
+    assert any(" in sequential" in where for _, where, _ in here), here[:5]  # a layer's scope
