@@ -653,7 +653,11 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
             _name_dataset_stages(f, stages, reshuffled)
         # The variable a read or check()'s value after the step (VariableState) is of.
         state = f.op.attrs.get("variable") if f.op.op_type == "VariableState" else f.op.resource
-        if f.role == "source" and state and state in data_writers:
+        # A dataset op that runs the function itself (ReduceDataset) is explained by what it
+        # runs (its stages, its functions' ops), not as a reader of what they write (probe
+        # round 48, F4).
+        reader = not f.op.op_type.endswith("Dataset")
+        if f.role == "source" and state and state in data_writers and reader:
             _written_in_data(f, data_writers[state], device)
             if in_process:
                 _seeded_pass_in_data(f, data_writers[state], recordings, device)
@@ -664,7 +668,12 @@ def compare_recordings(recordings: list[Recording], in_process: bool = False) ->
         elif f.role == "source" and f.kind == "other" and f.op.resource and python_functions:
             _maybe_written_in_python(f, python_functions)
         elif f.role == "source" and f.kind == "other" and f.op.note == UPDATE_NOTE:
-            _maybe_unordered(f, updates.get((f.op.graph, f.op.resource), 1) - 1, restored)
+            _maybe_unordered(
+                f,
+                updates.get((f.op.graph, f.op.resource), 1) - 1,
+                restored,
+                _writers_elsewhere(recordings, f.op),
+            )
         if f.key in setup:
             f.explanation = (
                 "ran in the first run only, which created variables (a first call builds the "
@@ -1484,7 +1493,9 @@ def _name_dataset_stages(
     to the function as an argument, a read of what an iterator handed out), the one pipeline
     the block bound an iterator to that holds any.
     The explanation listed every possible cause (probe round 33, finding 3)."""
-    if f.op.resource.startswith("eager:"):  # a read of a known iterator: its own dataset
+    if f.op.key in stages:  # an op that ran a dataset built in the step (ReduceDataset)
+        own = stages[f.op.key]
+    elif f.op.resource.startswith("eager:"):  # a read of a known iterator: its own dataset
         own = stages.get(f.op.resource)
     else:  # an iterator passed in as an argument (Keras's fit), or what one handed out
         distinct = {tuple(v) for v in stages.values() if v}
@@ -1619,6 +1630,20 @@ def _maybe_written_in_python(f: OpFinding, functions: list[OpInfo]) -> None:
     )
 
 
+def _writers_elsewhere(recordings: list[Recording], update: OpInfo) -> int:
+    """What else may write the variable an update writes: its updates outside the update's
+    graph (eager ones, other functions') and calls nddebug does not see inside (an eager
+    one's OpInfo.written, a graph's call of an uninstrumented or XLA function, a TF1
+    loop)."""
+    return sum(
+        1
+        for op in recordings[0].ops.values()
+        if op.written
+        or op.function in OPAQUE
+        or (op.note == UPDATE_NOTE and op.resource == update.resource and op.graph != update.graph)
+    )
+
+
 def _updates_per_graph(recordings: list[Recording]) -> Counter[tuple[str, str]]:
     """How many update ops of each variable each graph has (eager updates left out: Python
     runs them one after another)."""
@@ -1629,14 +1654,30 @@ def _updates_per_graph(recordings: list[Recording]) -> Counter[tuple[str, str]]:
     )
 
 
-def _maybe_unordered(f: OpFinding, others: int, restored: set[str]) -> None:
+def _maybe_unordered(f: OpFinding, others: int, restored: set[str], elsewhere: int = 0) -> None:
     """An update whose inputs were identical but whose variable held a different value before
     it. With other updates of that variable in the same graph, nothing may order them (they
     race); where check() restored the variable before each run (``restored``: the variables
     it records as VariableState), state carried over is ruled out and the race is the
     reason. A race of eight unordered float updates of one variable, passed as state= and
-    restored, was explained as "state was not restored", with that advice."""
+    restored, was explained as "state was not restored", with that advice.
+
+    With no other writer at all (``elsewhere``: its updates outside this graph, and calls
+    that write variables unseen) and the variable restored, the update started from the
+    same value with the same inputs in every run: the kernel is the reason. The CPU kernel
+    of ResourceSparseApplyAdagrad, whose threads update rows that several indices share,
+    was explained as "state was not restored (pass it as state=)" to a user who had
+    (probe round 48, F1)."""
     if others < 1:
+        if f.op.resource in restored and elsewhere < 1:
+            f.kind = "numerical"
+            f.explanation = (
+                "the update's inputs were identical, check() restored the variable before each "
+                "run, and nothing else in the step writes it: from the same inputs and the "
+                "same value it left another value, so the kernel itself is non-deterministic "
+                "(a new finding; an update kernel that splits its rows over threads adds the "
+                "rows several indices share in another order)"
+            )
         return
     race = (
         f"{others} other update(s) of the same variable run in this graph: unless a data or "

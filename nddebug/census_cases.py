@@ -891,6 +891,48 @@ for _op in (f"Scatter{_name}" for _name in _REF_SCATTER):
     )
 
 
+def _sparse_adagrad(op: str, rows: int, dim: int, n: int) -> Callable:
+    """Sparse Adagrad with duplicate indices; the variable and its accumulator are reset first
+    in every run."""
+
+    def build(rng: np.random.Generator) -> Program:
+        tf = _tf()
+        init = _uniform(rng, rows, dim) + 0.5
+        var, accum = tf.Variable(init), tf.Variable(init)
+        ids = _ids(rng, rows, n)
+        grad = _normal(rng, n, dim)
+
+        def fn(init: Any, ids: Any, grad: Any) -> Any:
+            var.assign(init)
+            accum.assign(init)
+            eps = {"epsilon": tf.constant(1e-7)} if op.endswith("V2") else {}
+            getattr(tf.raw_ops, op)(
+                var=var.handle, accum=accum.handle, lr=tf.constant(0.1), grad=grad, indices=ids,
+                **eps,
+            )  # fmt: skip
+            return var.read_value()
+
+        return Program(fn, (init, ids, grad))
+
+    return build
+
+
+for _op in ("ResourceSparseApplyAdagrad", "ResourceSparseApplyAdagradV2"):
+    _add(
+        _op,
+        "forward",  # run as called: what it leaves in the variable is the output compared
+        f"tf.raw_ops.{_op} (Adagrad on a sparse gradient with duplicate indices)",
+        {"60000 rows into a 64x64 variable": _sparse_adagrad(_op, 64, 64, 60_000)},
+    )
+for _op in ("SparseApplyAdagrad", "SparseApplyAdagradV2"):
+    _skip(
+        _op,
+        f"tf.raw_ops.{_op} on a reference variable",
+        "works only on TF1 reference variables (tf.compat.v1 graphs); the census measures the "
+        "resource-variable twins ResourceSparseApplyAdagrad(V2)",
+    )
+
+
 def _non_aliasing(n: int, rows: int, dim: int) -> Callable:
     def build(rng: np.random.Generator) -> Program:
         tf = _tf()

@@ -480,7 +480,13 @@ def check(
     keeper = st.StateKeeper(state)
     keeper.also(st.keras_global_seed_generator())
     before = keeper.snapshot()
-    streams = st.RandomStreams()  # set apart at the start of each run (one_run)
+    traced_before = _program_op_types(fn)  # the program the user runs, to compare the copy's
+    # Set apart at the start of each run (one_run). The NumPy and Python generators kept in
+    # objects are looked for unless the step is a tf.function traced into graphs that run
+    # no Python function (nothing else can draw from them).
+    streams = st.RandomStreams(
+        generators=not traced_before or any(t & PY_FUNCTION_TYPES for t in traced_before)
+    )
     # The variables the step writes that state= does not hold (a tf.random.Generator, a
     # Keras SeedGenerator, metrics built in the first step): found as the runs go, put back
     # with the rest (tracer.unheld).
@@ -740,7 +746,6 @@ def check(
     from nddebug.emulate import suspended as emulation_suspended
 
     traced_unseeded = _traced_unseeded(fn, seed)
-    traced_before = _program_op_types(fn)  # the program the user runs, to compare the copy's
     try:
         with emulation() if emulate_gpu else contextlib.nullcontext():
             as_compiled = None
@@ -1175,25 +1180,30 @@ def _summaries_note(rec: Recording) -> str:
 
 
 #: tf.py_function's op: its Python function runs TensorFlow ops where no op callback is.
-PY_FUNCTIONS = re.compile(r"^EagerPyFunc$")
+PY_FUNCTION_TYPES = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+PY_FUNCTIONS = re.compile(r"^(EagerPyFunc|PyFunc|PyFuncStateless)$")
 
 
 def _py_functions_note(rec: Recording) -> str:
-    """What check() cannot see or put back inside a tf.py_function ("" if the step runs
-    none): TensorFlow runs its Python function on one of its own threads, where nddebug's
-    op callbacks are not, so a tf.random.Generator it draws from (or a variable it writes)
-    moved on in every run, unrestored and unsaid, and training after the check went on
-    from there (probe round 47, F5)."""
+    """What check() cannot see or put back inside a tf.py_function or tf.numpy_function (""
+    if the step runs none). TensorFlow runs its Python function on one of its own threads,
+    where nddebug's op callbacks are not, so a tf.random.Generator it draws from (or a
+    variable it writes) moved on in every run, unrestored and unsaid, and training after the
+    check went on from there (probe round 47, F5). A NumPy or Python generator it draws
+    from moves on between the runs too: put back after them, but the runs compared other
+    draws, as a program run twice in one process draws twice (probe round 48, F2)."""
     found = _ran(rec, PY_FUNCTIONS)
     if not found:
         return ""
     return (
-        f"The step runs tf.py_function ({', '.join(found[:3])}): TensorFlow runs its Python "
-        "function on a thread of its own, where nddebug records nothing, so its output is "
-        "compared but not its ops, and what they change (a tf.random.Generator they draw "
-        "from, a variable they write) is put back between runs only if state= holds it: "
-        "otherwise every run, and the steps after the check, go on from where the last run "
-        "left it. Pass such generators and variables as state=."
+        f"The step runs Python code through tf.py_function or tf.numpy_function "
+        f"({', '.join(found[:3])}): TensorFlow runs it on a thread of its own, where nddebug "
+        "records nothing, so its output is compared but not what it does. What its TF ops "
+        "change (a tf.random.Generator, a variable) is put back between runs only if state= "
+        "holds it: pass such generators and variables as state=. A NumPy or Python generator "
+        "it draws from (np.random.default_rng(SEED), np.random.seed) moves on from run to "
+        "run, so the runs compare other draws; check() puts it back afterwards. A seeded "
+        "one draws the same in fresh processes: `nddebug run` compares those."
     )
 
 

@@ -340,7 +340,8 @@ def _report(args: argparse.Namespace) -> int:
 
     _check_output(args.output, "the report file")
     index = storage.run_index(args.file)
-    if len(index) >= 2 and max(n for *_, n in index) >= long_run_threshold():
+    checks = _by_check([label for _, label, _, _ in index])
+    if not checks and len(index) >= 2 and max(n for *_, n in index) >= long_run_threshold():
         headers = [Recording(run_id=r, label=label, kind=kind) for r, label, kind, _ in index]
         grouped = _as_runs(headers)  # `nddebug run -o` files: one block, one worker each?
         if grouped is None or all(len(run) == 1 and len(run[0]) == 1 for run in grouped):
@@ -351,13 +352,14 @@ def _report(args: argparse.Namespace) -> int:
     recordings = load(args.file)
     if not recordings:
         raise UsageError(f"{args.file}: the file holds no runs")
-    programs = _by_program(recordings)
-    if programs:
-        # check(path=) of an XLA step: the runs as compiled, then with XLA off to name the op.
+    if checks and len(recordings) == len(index):
+        # check(path=) called several times, or for an XLA step: each check (each program)
+        # compared apart.
         collected: list[str] = []
         pieces = _Pieces(args.format, collected.append, several=True)
         status = OK
-        for title, recs in programs:
+        for title, where in checks:
+            recs = [recordings[i] for i in where]
             pieces.text(f"\n=== {title} ===")
             try:
                 report = compare(recs)
@@ -386,21 +388,44 @@ def _report(args: argparse.Namespace) -> int:
     return status
 
 
-def _by_program(recordings: list[Any]) -> list[tuple[str, list[Any]]]:
-    """A file `check(path=)` wrote for a step compiled with XLA holds the runs of two
-    programs: the step as compiled (labels beginning ``as compiled: ``) and, where that was
-    not shown reproducible, the step with XLA off. They are compared apart; compared as one
-    set of runs, the second program's ops "ran in some runs only" and the real source was
-    called control flow (probe round 47, F7). [] for any other file."""
+def _by_check(labels: list[str]) -> list[tuple[str, list[int]]]:
+    """The runs of each check() call in a file `check(path=)` wrote, as (title, positions);
+    [] for any other file, and for one check of a step without XLA.
+
+    Each call appends its runs ("repeat 0", "repeat 1", captures; "rerun" in rerun mode): a
+    file written by a check every few steps holds runs that started from other weights by
+    design, and compared as one set they "differed" (state carried over) where every check
+    had said reproducible (probe round 48, F3). A new check starts at its first run, "repeat
+    0" or "rerun". A check of a step compiled with XLA holds two programs: the step as
+    compiled (labels beginning ``as compiled: ``) and, where that was not shown
+    reproducible, the step with XLA off; they are compared apart too (probe round 47,
+    F7)."""
     from nddebug.check import AS_COMPILED
 
-    compiled = [r for r in recordings if (r.label or "").startswith(AS_COMPILED)]
-    if not compiled:
+    starts = ("repeat 0", "rerun")
+    checks: list[list[int]] = []
+    for i, label in enumerate(labels):
+        label = label or ""
+        compiled = label.startswith(AS_COMPILED)
+        plain = label.removeprefix(AS_COMPILED)
+        after_compiled = bool(checks) and (labels[i - 1] or "").startswith(AS_COMPILED)
+        if not checks or (plain in starts and (compiled or not after_compiled)):
+            checks.append([])
+        checks[-1].append(i)
+    if len(checks) == 1 and not any((x or "").startswith(AS_COMPILED) for x in labels):
         return []
-    rest = [r for r in recordings if not (r.label or "").startswith(AS_COMPILED)]
-    groups = [("the step as compiled (XLA on)", compiled)]
-    if rest:
-        groups.append(("the step with XLA off (to name the op)", rest))
+    if any((labels[c[0]] or "").removeprefix(AS_COMPILED) not in starts for c in checks):
+        return []  # not (only) check()'s runs
+    groups: list[tuple[str, list[int]]] = []
+    for n, positions in enumerate(checks, 1):
+        head = f"check {n} of {len(checks)}" if len(checks) > 1 else ""
+        compiled = [i for i in positions if (labels[i] or "").startswith(AS_COMPILED)]
+        rest = [i for i in positions if i not in compiled]
+        parts = [("the step as compiled (XLA on)", compiled)] if compiled else []
+        if rest:
+            parts.append(("the step with XLA off (to name the op)" if compiled else "", rest))
+        for title, where in parts:
+            groups.append((": ".join(t for t in (head, title) if t), where))
     return groups
 
 

@@ -162,3 +162,49 @@ def test_a_generator_drawn_from_inside_a_py_function_is_said_to_need_state() -> 
     assert report.ok, report
     twin.uniform([4])  # one plain step's draw: where the check leaves the generator
     np.testing.assert_array_equal(g.state.numpy(), twin.state.numpy())
+
+
+@pytest.mark.parametrize("kind", ["numpy_function", "eager"])
+def test_numpy_and_python_generators_the_step_draws_from_are_put_back(kind: str) -> None:
+    """A seeded np.random.default_rng (or random.Random) the step draws from, in a
+    tf.numpy_function or in eager code, moved on in every run of check() and was never put
+    back: the training after the check differed from a plain one's, unsaid (probe round 48,
+    F2). Ground truth: the same step run plainly from the same weights and generators."""
+    import random
+
+    rng = np.random.default_rng(5)
+    pyrng = random.Random(9)
+    w = tf.Variable(tf.zeros([3]))
+
+    def draw() -> np.ndarray:
+        return (rng.random(3) + pyrng.random()).astype(np.float32)
+
+    if kind == "numpy_function":
+
+        @tf.function
+        def step():
+            w.assign_add(tf.reshape(tf.numpy_function(draw, [], tf.float32), [3]))
+            return tf.reduce_sum(w)
+
+    else:
+
+        def step():
+            w.assign_add(tf.constant(draw()))
+            return tf.reduce_sum(w)
+
+    step()  # a first plain step
+    start = (w.numpy(), rng.bit_generator.state, pyrng.getstate())
+    report = nddebug.check(step, state=[w], repeats=2, quantify=False)
+    after_check = (w.numpy(), rng.random(), pyrng.random())
+    # The runs drew on from run to run: they differ, as two calls in one process do.
+    assert not report.ok, str(report)
+    if kind == "numpy_function":
+        note = [x for x in report.warnings if "tf.numpy_function" in x]
+        assert note and "nddebug run" in note[0] and "puts it back" in note[0], report.warnings
+        (source,) = [c for c in report.culprits.to_dict("records") if c["role"] == "source"]
+        assert source["op_type"] == "PyFunc" and "nddebug run" in source["fix"], source
+    w.assign(start[0])
+    rng.bit_generator.state, _ = start[1], pyrng.setstate(start[2])
+    step()  # the plain second step
+    np.testing.assert_array_equal(after_check[0], w.numpy())
+    assert (rng.random(), pyrng.random()) == after_check[1:]

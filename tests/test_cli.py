@@ -312,3 +312,50 @@ def test_report_of_an_xla_checks_file_compares_each_program_apart(tmp_path, caps
     assert "=== the step as compiled (XLA on) ===" in compiled and off, out
     assert "control flow" not in out, out
     assert "Source: RandomUniform" in " ".join(off.split()), off
+
+
+def test_a_file_that_several_checks_appended_to_is_reported_check_by_check(
+    tmp_path, capsys
+) -> None:
+    """check(path=P) every few steps of a training loop appends each check's runs to one file:
+    they start from other weights by design, and `report` compared them as one set, "NOT
+    reproducible", state carried over, where every check had said reproducible (probe round
+    48, F3). Each check is now compared apart; a difference in one of them is named there."""
+    import numpy as np
+    import tensorflow as tf
+
+    import nddebug
+    from nddebug.cli import main
+
+    w = tf.Variable(tf.ones([4, 4]))
+    x = tf.constant(np.random.RandomState(0).rand(8, 4).astype("float32"))
+    noisy = tf.Variable(0.0)
+
+    @tf.function
+    def step(x):
+        draw = tf.cond(noisy > 0, lambda: tf.random.uniform([]), lambda: tf.constant(0.0))
+        loss = tf.reduce_sum(tf.tanh(x @ w)) + draw
+        w.assign_sub(0.01 * tf.ones_like(w) * loss)
+        return loss
+
+    path = str(tmp_path / "checks.nddebug")
+    verdicts = []
+    for k in range(5):
+        if k == 3:
+            noisy.assign(1.0)  # the third check's step draws an unseeded number
+        if k in (1, 2, 4):
+            live = nddebug.check(step, x, state=[w], repeats=2, path=path, quantify=False)
+            verdicts.append(live.ok)
+        else:
+            step(x)
+    assert verdicts == [True, True, False]
+    assert main(["report", path]) == 1
+    out = capsys.readouterr().out
+    first, second, third = out.split("=== check ")[1:]
+    assert first.startswith("1 of 3 ===") and "NOT" not in first, out
+    assert second.startswith("2 of 3 ===") and "NOT" not in second, out
+    assert third.startswith("3 of 3 ===") and "NOT reproducible" in third, out
+    assert "Source: RandomUniform" in " ".join(third.split()), third
+    assert main(["report", path, "--format", "json"]) == 1
+    blocks = json.loads(capsys.readouterr().out)["blocks"]
+    assert [b["label"] for b in blocks] == ["check 1 of 3", "check 2 of 3", "check 3 of 3"]

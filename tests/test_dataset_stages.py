@@ -450,3 +450,49 @@ def test_a_dataset_built_in_the_step_from_values_that_differ_only_carries_them(r
     assert list(sources.op_type) == ["RandomUniform"], report
     step, w = _dataset_in_step(read, noisy=False)
     assert nddebug.check(step, x, state=[w], repeats=2, quantify=False).ok
+
+
+@pytest.mark.parametrize("loop", ["reduce", "for"])
+def test_a_step_running_its_own_non_deterministic_interleave_names_that_stage(loop: str) -> None:
+    """A step that reduces over a pipeline it builds, with a parallel interleave whose
+    deterministic=False keeps elements in the order their work finishes: ReduceDataset was
+    the source (right) but the reason given was a variable written inside a tf.data function
+    it only read, and the interleave was never named (probe round 48, F4). A parallel
+    interleave keeps its setting in its op only, read from the step's graph."""
+    import numpy as np
+
+    w = tf.Variable(tf.ones([4]))
+    data = tf.constant(np.random.RandomState(0).rand(256, 4).astype("float32"))
+
+    def pipeline(deterministic: bool) -> Any:
+        return tf.data.Dataset.range(16).interleave(
+            lambda i: tf.data.Dataset.from_tensor_slices(data[i * 16 : (i + 1) * 16]).map(
+                lambda r: tf.sin(r) * 3.3
+            ),
+            cycle_length=8,
+            num_parallel_calls=8,
+            deterministic=deterministic,
+        )
+
+    def make(deterministic: bool) -> Any:
+        @tf.function
+        def step():
+            if loop == "reduce":
+                acc = pipeline(deterministic).reduce(tf.zeros([4]), lambda a, r: a * 0.9 + r * w)
+            else:
+                acc = tf.zeros([4])
+                for r in pipeline(deterministic):
+                    acc = acc * 0.9 + r * w
+            w.assign_add(acc * 1e-3)
+            return acc
+
+        return step
+
+    report = nddebug.check(make(False), state=[w], repeats=4, quantify=False)
+    assert not report.ok, str(report)
+    (source,) = [c for c in report.culprits.to_dict("records") if c["role"] == "source"]
+    assert source["op_type"] == "ReduceDataset" and source["kind"] == "input pipeline", source
+    why = source["explanation"]
+    assert "Dataset.interleave" in why and "deterministic=False" in why, why
+    assert "variable is written" not in why, why
+    assert nddebug.check(make(True), state=[w], repeats=4, quantify=False).ok

@@ -133,6 +133,20 @@ def iterator_dataset(handle_id: int, depth: int = 30) -> Any:
     return None
 
 
+def _deterministic(dataset: Any) -> str:
+    """A parallel stage's ``deterministic`` setting: from the Python object, or, where it
+    keeps it only in its op (a parallel interleave), from that op in a graph (a dataset
+    built inside a tf.function; an eager dataset's op is gone)."""
+    value = getattr(dataset, "_deterministic", None)
+    if value is None:
+        op = getattr(getattr(dataset, "_variant_tensor_attr", None), "op", None)
+        try:
+            value = op.get_attr("deterministic") if op is not None else None
+        except Exception:  # noqa: BLE001 - an op without the attribute, or no graph op
+            value = None
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
 def dataset_stages(dataset: Any) -> list[str]:
     """The stages of a ``tf.data.Dataset`` (with those it is built on) that can make its
     elements differ between runs, one sentence each ([] where none)."""
@@ -156,7 +170,7 @@ def dataset_stages(dataset: Any) -> list[str]:
     inside: set[str] = set()
     for d in tree:
         name = type(d).__name__.lstrip("_")
-        if getattr(d, "_deterministic", None) == "false":
+        if _deterministic(d) == "false":
             method = next((m for key, m in _METHODS if key in name), "map")
             say(
                 f"Dataset.{method}(num_parallel_calls=..., deterministic=False) ({name}): its "

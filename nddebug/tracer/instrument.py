@@ -21,6 +21,7 @@ from nddebug import digest as dg
 from nddebug.recording import (
     ARGUMENT_BY_CALLER,
     DATASET_PASSES,
+    DATASET_STAGES,
     EMULATION_SCOPE,
     MERGE_OPS,
     NOT_COMPARED,
@@ -1319,6 +1320,10 @@ _NEVER_REUSES_AN_INPUT = frozenset(
 )
 
 
+#: Ops that run a whole dataset inside the step (Dataset.reduce, a `for` loop over a dataset
+#: in a tf.function, get_single_element).
+_RUNS_A_DATASET = frozenset({"ReduceDataset", "DatasetToSingleElement"})
+
 #: Function calls grappler inlines into the caller (see :func:`digests_first`).
 _INLINED_CALLS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 
@@ -1912,6 +1917,14 @@ def instrument_op(
     pipeline = _pipeline(rec, graph, info, op, inputs, outputs)
     if pipeline:
         info.attrs[PIPELINE_OPS] = pipeline
+    if op_type in _RUNS_A_DATASET and inputs:
+        # A dataset run inside the step, built there too: what in it makes elements differ,
+        # named with the op if it is a source (probe round 48, F4).
+        dataset = datasets.dataset_of(inputs[0])
+        if dataset is not None:
+            stages = datasets.dataset_stages(dataset)
+            if stages or datasets.read_through(dataset):
+                info.attrs[DATASET_STAGES] = {key: stages}
     if op_type in ("While", "StatelessWhile"):
         racing = _parallel_random(graph, op)
         if racing:
