@@ -549,7 +549,8 @@ def check(
                     for v in keeper.variables
                     if per_run_made is None or id(v) not in per_run_made or id(v) in made_here
                 ]
-                Recorder.active.record_variables(own + keeper.table_states())
+                python = [v for v in unheld.python.values() if id(v) not in known]
+                Recorder.active.record_variables(own + python + keeper.table_states())
         finally:
             fresh_kernels.update(copies.op_types)
             copies.release()
@@ -1199,8 +1200,9 @@ def _py_functions_note(rec: Recording) -> str:
         f"The step runs Python code through tf.py_function or tf.numpy_function "
         f"({', '.join(found[:3])}): TensorFlow runs it on a thread of its own, where nddebug "
         "records nothing, so its output is compared but not what it does. What its TF ops "
-        "change (a tf.random.Generator, a variable) is put back between runs only if state= "
-        "holds it: pass such generators and variables as state=. A NumPy or Python generator "
+        "change (a tf.random.Generator, a variable) is put back between runs, and compared "
+        "after each, where state= holds it or the function names it (in its closure or "
+        "globals): pass any other as state=. A NumPy or Python generator "
         "it draws from (np.random.default_rng(SEED), np.random.seed) moves on from run to "
         "run, so the runs compare other draws; check() puts it back afterwards. A seeded "
         "one draws the same in fresh processes: `nddebug run` compares those."

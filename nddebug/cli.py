@@ -812,6 +812,9 @@ def _compare_blocks(
                     f"{len(per_run)}; it is compared among those."
                 )
                 status = max(status, FOUND)
+            if any(r.kind == "rerun" for r in recs):
+                status = max(status, _each_rerun(recs, pieces, b + 1, label))
+                continue
             if len(recs) < 2:
                 pieces.text("(one run: nothing to compare across runs)")
                 continue
@@ -827,6 +830,27 @@ def _compare_blocks(
         if workers > 1:
             status = max(status, _workers_agree(per_run, b, workers, pieces.text))
     pieces.finish()
+    return status
+
+
+def _each_rerun(recs: list[Any], pieces: Any, block: int, label: str) -> int:
+    """A block the script recorded with trace(rerun=k): each run is compared with its own
+    re-executions. The runs are not compared with each other: on the CPU a rerun recording
+    holds its ops' outputs only, not their inputs, so nothing could tell a source from an op
+    that only propagated. `nddebug run` ended with an error once every run had finished, and
+    kept nothing without -o (probe round 48, F9)."""
+    from nddebug.check import compare
+
+    pieces.text(
+        "Recorded with trace(rerun=k): each run is compared with its own re-executions, and "
+        "the runs are not compared with each other (trace() without rerun= compares them)."
+    )
+    status = OK
+    for i, rec in enumerate(recs):
+        pieces.text(f"\n=== run {i + 1}: its re-executions ===")
+        report = compare([rec])
+        pieces.report(report, {"block": block, "label": label, "worker": None})
+        status = max(status, OK if report.ok else FOUND)
     return status
 
 

@@ -15,7 +15,10 @@ import sys
 def main() -> None:
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    # As `python script.py` runs it: __file__ absolute (Python 3.9+), so a script that
+    # changes directory still finds the files beside it (probe round 48, F7).
+    script = os.path.abspath(script)
+    sys.path.insert(0, os.path.dirname(script))
     if os.environ.get("NDDEBUG_SEED"):
         # report.verify() checks the seeding fix this way: every seed set before the script.
         from nddebug.state import set_seeds

@@ -208,3 +208,36 @@ def test_numpy_and_python_generators_the_step_draws_from_are_put_back(kind: str)
     step()  # the plain second step
     np.testing.assert_array_equal(after_check[0], w.numpy())
     assert (rng.random(), pyrng.random()) == after_check[1:]
+
+
+@pytest.mark.parametrize("through", ["numpy_function", "py_function"])
+def test_a_variable_a_python_function_writes_is_put_back_and_compared(through: str) -> None:
+    """A tf.numpy_function's (or tf.py_function's) body runs where nddebug records nothing:
+    a variable it assigned was moved on by every run of check() (5 steps' worth after one
+    check), unrestored, and a random value written there was "reproducible" (probe round 48,
+    F6). A variable the function names is now put back between runs and compared after
+    each."""
+    w = tf.Variable(tf.ones([4]))
+    v = tf.Variable(0.0)
+    noise = {"on": False}
+
+    def body():
+        v.assign_add(float(np.random.RandomState().rand()) if noise["on"] else 1.0)
+        return np.float32(0) if through == "numpy_function" else tf.constant(0.0)
+
+    call = tf.numpy_function if through == "numpy_function" else tf.py_function
+
+    @tf.function
+    def step():
+        call(body, [], tf.float32)
+        w.assign_add(tf.ones([4]))
+        return w.read_value()
+
+    report = nddebug.check(step, state=[w], repeats=3, quantify=False)
+    assert report.ok, str(report)
+    assert float(v.numpy()) == 1.0  # one plain step's write
+    noise["on"] = True
+    report = nddebug.check(step, state=[w], repeats=3, quantify=False)
+    assert not report.ok, str(report)
+    (source,) = [c for c in report.culprits.to_dict("records") if c["role"] == "source"]
+    assert source["op_type"] == "VariableState" and "PyFunc" in source["explanation"], source

@@ -658,3 +658,61 @@ def test_a_one_run_file_and_a_timeout_say_what_they_are_about(tmp_path) -> None:
     assert stopped.returncode == 2, stopped.stderr[-3000:]
     assert "run 1 timed out after 1 s: still running, all stopped" in stopped.stderr
     assert "peer" not in stopped.stderr and "raise --timeout" in stopped.stderr
+
+
+def test_a_script_run_by_a_relative_path_finds_the_files_beside_it(tmp_path) -> None:
+    """`python sub/script.py` gives the script an absolute __file__ (Python 3.9+); `nddebug run
+    sub/script.py` gave it the relative path, and a script that changes directory and then
+    opens a file beside itself failed only under nddebug (probe round 48, F7)."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "data.txt").write_text("hello")
+    _script(
+        sub,
+        "beside.py",
+        """
+        import os
+
+        import tensorflow as tf
+
+        import nddebug
+
+        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(os.sep))))  # elsewhere
+        assert os.path.isabs(__file__), __file__
+        print("DATA", open(os.path.join(os.path.dirname(__file__), "data.txt")).read())
+        with nddebug.trace():
+            tf.constant(1.0) * 2.0
+        """,
+    )
+    result = _nddebug("run", "-n", "2", "--show-output", "sub/beside.py", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DATA hello" in result.stderr
+
+
+def test_runs_of_a_rerun_block_are_each_compared_with_their_reexecutions(tmp_path) -> None:
+    """`nddebug run` of a script whose block is trace(rerun=1) ran every run, then ended with
+    "a rerun report reads exactly one recording" (exit 2), and without -o the runs were lost
+    (probe round 48, F9). Each run is now reported with its own re-executions."""
+    script = _script(
+        tmp_path,
+        "reruns.py",
+        """
+        import tensorflow as tf
+
+        import nddebug
+
+        w = tf.Variable(tf.ones([4, 4]))
+
+        @tf.function
+        def step(x):
+            w.assign_sub(0.01 * tf.reduce_sum(x @ w) * tf.ones_like(w))
+
+        with nddebug.trace(rerun=1):
+            step(tf.ones([2, 4]))
+        """,
+    )
+    result = _nddebug("run", "-n", "2", script)
+    assert result.returncode != 2, result.stderr[-3000:]
+    out = result.stdout
+    assert "=== run 1: its re-executions ===" in out and "=== run 2: its re-executions" in out
+    assert "each run is compared with its own re-executions" in out

@@ -7,6 +7,7 @@ below 1e-6.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from typing import Any
 
@@ -19,7 +20,7 @@ from nddebug import storage
 from nddebug.examples import mnist_cnn
 from nddebug.examples.detection import make_step
 from nddebug.state import collect_variables
-from tests.helpers import jacobian_through_a_loop, variables_bytes
+from tests.helpers import CPU_ONLY, jacobian_through_a_loop, run_python, variables_bytes
 
 pytestmark = pytest.mark.usefixtures("cpu_facts")  # the CPU's crop race; the CNN reproducible
 
@@ -433,59 +434,124 @@ def test_rerun_mode_checks_a_jacobian_through_a_while_loop() -> None:
     assert np.array_equal(jacobian().numpy(), plain)
 
 
-def test_a_sum_of_three_terms_and_its_copy_each_read_terms_of_their_own() -> None:
-    """AddN takes over the buffer of the first term nothing else holds and adds the others
-    to it. The original and its rerun copy shared their terms, so the one that ran last found
-    some free and summed in another order: a gradient's AddN was named a non-deterministic
-    kernel in 2 of 6 processes that all computed the same bits (probe round 37). Each now
-    reads every term through a Snapshot of its own, and the step stays reproducible."""
-    terms = [tf.constant(np.random.RandomState(i).randn(256).astype(np.float32)) for i in range(4)]
+@pytest.mark.parametrize("case", ["sum of three", "batch moments", "keras batchnorm"])
+def test_a_traced_rerun_step_computes_the_plain_bits_of_its_sums(case: str) -> None:
+    """A sum of three or more terms (a gradient's AddN) takes over the buffer of a term
+    nothing else holds and adds the others to it, in an order set by which term that is.
+    Rerun mode gave the sum and its copy terms of their own (a Snapshot each): the original
+    then summed in another order than the plain step, and trace(rerun=1) changed the weights
+    of every step with batch moments or BatchNormalization, while its report said
+    "reproducible" (probe round 48, F5). Such a sum is no longer copied, and reads its terms
+    as the plain step does."""
+    import keras
 
+    from nddebug.tracer import ops
+
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(64, 32).astype(np.float32))
+    if case == "keras batchnorm":
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((32,)), keras.layers.Dense(16), keras.layers.BatchNormalization(),
+             keras.layers.Dense(1)]
+        )  # fmt: skip
+        opt = keras.optimizers.Adam()
+        model(x)
+        opt.build(model.trainable_variables)
+        variables = [*model.variables, *opt.variables]
+    else:
+        variables = [tf.Variable(rng.randn(32, 32).astype(np.float32) * 0.3)]
+    start = [v.numpy() for v in variables]
+
+    def make() -> Any:
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                if case == "keras batchnorm":
+                    loss = tf.reduce_sum(model(x, training=True) ** 2)
+                else:
+                    h = x @ variables[0]
+                    if case == "sum of three":
+                        loss = tf.reduce_sum(h * h) + tf.reduce_sum(h * 3.0)
+                    else:
+                        mean, var = tf.nn.moments(h, axes=[0])
+                        loss = tf.reduce_sum((h - mean) ** 2 * tf.math.rsqrt(var + 1e-3))
+            if case == "keras batchnorm":
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            else:
+                variables[0].assign_sub(0.01 * tape.gradient(loss, variables[0]))
+            return loss
+
+        return step
+
+    def after(block: Any) -> list[np.ndarray]:
+        for v, value in zip(variables, start, strict=True):
+            v.assign(value)
+        step = make()
+        with block:
+            step()
+        return [v.numpy() for v in variables]
+
+    plain = after(contextlib.nullcontext())
+    traced = after(nddebug.trace(rerun=1))
+    for a, b in zip(plain, traced, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with nddebug.trace(rerun=1) as rec:
+        for v, value in zip(variables, start, strict=True):
+            v.assign(value)
+        make()()
+    report = nddebug.compare([rec])
+    assert report.verdict == "reproducible", str(report)
+    assert "AddN" in report.not_covered.get(ops.RERUN_SUMS, []), report.not_covered
+
+
+_ONEDNN_STEP = """
+import contextlib, hashlib, json
+import numpy as np, tensorflow as tf, keras, nddebug
+from nddebug.environment import onednn_enabled
+from nddebug.tracer import rerun
+keras.utils.set_random_seed(0)
+x = tf.constant(np.random.RandomState(0).randn(16, 16, 16, 8).astype("float32"))
+model = keras.Sequential([keras.Input((16, 16, 8)), keras.layers.Conv2D(16, 3, activation="relu"),
+                          keras.layers.Conv2D(8, 3), keras.layers.GlobalAveragePooling2D(),
+                          keras.layers.Dense(1)])
+opt = keras.optimizers.SGD(0.1)
+model(x)
+opt.build(model.trainable_variables)
+start = [v.numpy() for v in model.variables]
+def run(block):
+    for v, s in zip(model.variables, start):
+        v.assign(s)
     @tf.function
     def step():
-        return tf.add_n([t * 1.5 for t in terms])
-
-    with nddebug.trace(rerun=1) as rec:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+    with block as rec:
         step()
-    graph = step.get_concrete_function().graph
-    sums = [op for op in graph.get_operations() if op.type == "AddN"]
-    assert len(sums) == 2, [op.name for op in sums]  # the original and its copy
-    feeds = [{t.op.name for t in op.inputs} for op in sums]
-    for op in sums:
-        assert {t.op.type for t in op.inputs} == {"Snapshot"}, op.name
-    assert not feeds[0] & feeds[1]
-    assert nddebug.compare([rec]).verdict == "reproducible"
+    runs.append(rec)
+    return hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.variables)).hexdigest()
+runs = []
+out = {"onednn": onednn_enabled(), "plain": run(contextlib.nullcontext()),
+       "rerun": run(nddebug.trace(rerun=1))}
+report = nddebug.compare([runs[-1]])
+out["verdict"] = report.verdict
+out["merged"] = report.not_covered.get(rerun.RERUN_MERGED, [])
+print(json.dumps(out))
+"""
 
 
-def _optimized_ops(fn: Any) -> list[str]:
-    """The op types of ``fn``'s graphs as grappler left them, at its first call."""
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    ctx.enable_graph_collection()
-    try:
-        fn()
-        metadata = ctx.export_run_metadata()
-    finally:
-        ctx.disable_graph_collection()
-    return [n.op for f in metadata.function_graphs for g in f.partition_graphs for n in g.node]
-
-
-def test_private_copies_of_one_tensor_stay_apart_after_grappler() -> None:
-    """Rerun mode gives a sum's terms (and a filter gradient's output gradient) to each of
-    its readers as a Snapshot of its own. Two Snapshots of one tensor are alike to grappler's
-    common-subexpression elimination, which made them one again: the sum found its term held
-    by the other reader or free depending on which ran first, and 8 of ResNet50V2's gradient
-    AddNs were named non-deterministic kernels in every process (probe round 41). Each copy
-    is marked its own."""
-    from nddebug.tracer import rerun
-
-    x = tf.constant(np.arange(1024, dtype=np.float32))
-
-    @tf.function
-    def two_readers():
-        a = rerun._private_copy(x * 2.0)
-        b = rerun._private_copy(x * 2.0)
-        return a + 1.0, b * 3.0
-
-    assert _optimized_ops(two_readers).count("Snapshot") == 2
+def test_a_traced_rerun_step_leaves_onednns_merged_gradient_kernels_as_they_are() -> None:
+    """With oneDNN on, TensorFlow merges a convolution's filter gradient with its bias
+    gradient into one kernel. Rerun mode gave the filter gradient a Snapshot of the gradient
+    of its own, so that its copies ran the same kernel: then nothing merged, and the bias
+    gradient of every trace(rerun=1) step had other bits than the plain step's (probe round
+    48, F5). The two are not copied where oneDNN is on."""
+    out = run_python(_ONEDNN_STEP, env={"TF_ENABLE_ONEDNN_OPTS": "1", **CPU_ONLY})
+    if not out["onednn"]:
+        pytest.skip("oneDNN could not be switched on here")
+    assert out["rerun"] == out["plain"]
+    assert out["verdict"] == "reproducible"
+    assert set(out["merged"]) == {"BiasAddGrad", "Conv2DBackpropFilter"}, out

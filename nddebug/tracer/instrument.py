@@ -1398,6 +1398,33 @@ def _read_after(op: Any, position: int, t: Any, d_op: Any) -> None:
     op._update_input(position, held)
 
 
+#: Per-graph cache entry: tensor name -> the op that sends its value to the host (rerun mode,
+#: check()'s capture runs) and holds its buffer until it runs.
+_HELD_BY = "<held by>"
+
+
+def _after_holders(graph: Any, op: Any) -> None:
+    """Have a sum of three or more terms read each term after the op that sends that term's
+    value to the host has let go of it. The sum takes over the buffer of the first term
+    nothing else holds and adds the others to it: a term still held by its sender was not
+    free, the sum added in another order than the plain step, and trace(rerun=1) changed the
+    weights of every step with batch moments (probe round 48, F5). A term that waits for its
+    digest already (:func:`_read_after`) waits for its sender too."""
+    held = REGISTRY.graph_cache(graph).get(_HELD_BY)
+    if not held:
+        return
+    for position, t in enumerate(list(op.inputs)):
+        waiting = t.op.type == "Identity" and "/nddebug/after_digest" in t.op.name
+        term = t.op.inputs[0] if waiting else t
+        sender = held.get(term.name)
+        if sender is None or sender.graph is not op.graph:
+            continue
+        if waiting:
+            t.op._add_control_input(sender)
+        else:
+            _read_after(op, position, t, sender)
+
+
 def _may_forward(t: Any, out: Any) -> bool:
     """Whether a kernel could hand ``t``'s buffer to ``out`` (TensorFlow's forward_input asks
     for the same dtype and number of elements)."""
@@ -1741,8 +1768,6 @@ def instrument_op(
     if (op is None or ops.as_str(op.type) != op_type) and op_name:
         # Another op callback (e.g. nddebug.emulate_gpu) may have replaced the outputs.
         op = graph.get_operation_by_name(op_name)
-    if k_rerun:
-        inputs = rerun.unfuse(graph, op, op_type, inputs)
     out_tensors = list(outputs)
     if callee in REGISTRY.forward_outputs:
         # A gradient's forward call: its outputs past the function's own are intermediates
@@ -1862,6 +1887,7 @@ def instrument_op(
     copies = 0
     if k_rerun:
         blocker = ops.rerun_blocker(op_type, stateful, len(inputs), out_digests, after_write)
+        blocker = blocker or rerun.blocker(op_type, op.device or "")
         dups = [] if blocker else rerun.duplicates(graph, op, inputs, k_rerun)
         copies = len(dups)
         for slot, (t, d) in enumerate(zip(out_tensors, out_digests, strict=False)):
@@ -1872,6 +1898,8 @@ def instrument_op(
                 payload += [t, *again]
             elif dups:
                 payload += rerun.device_payload(t, again)
+    if op_type in ops.SUMS_IN_PLACE and len(inputs) >= 3:
+        _after_holders(graph, op)
     state = ops.state_input(op_type, inputs)
     op_id = REGISTRY.new_id()
     seen = REGISTRY.graph_keys.setdefault(graph, {})
@@ -1975,6 +2003,9 @@ def instrument_op(
             op_id, [_as_tensor(d) for d in sent], [_as_tensor(d) for d in readable_in], captured
         )
         _order_record(graph, sender, info.resource)
+        if captured:  # holds them until it runs (see _after_holders)
+            held = REGISTRY.graph_cache(graph).setdefault(_HELD_BY, {})
+            held.update((t.name, sender) for t in captured)
         first = outs[0] if outs and not isinstance(outs[0], bool) else None
         return sender, first
 

@@ -510,3 +510,72 @@ class PreCallHook:
         """The digests read before the call that just returned (None if the hook missed it)."""
         stack = self.before.get(name)
         return stack.pop() if stack else None
+
+
+#: Ops that call Python code (tf.numpy_function, tf.py_function, tf.compat.v1.py_func).
+_PYTHON_CALLS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+
+
+@functools.lru_cache(maxsize=1024)
+def python_tokens(name: str) -> tuple[str, ...]:
+    """The registry tokens of the Python functions that function ``name`` calls through
+    tf.numpy_function or tf.py_function, in it or in a function it calls. FunctionDefs are
+    immutable per name."""
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        fname = stack.pop()
+        if fname in seen:
+            continue
+        seen.add(fname)
+        fdef = _function_def(fname)
+        if fdef is None:
+            continue
+        for node in fdef.node_def:
+            if node.op in _PYTHON_CALLS and "token" in node.attr:
+                found.append(node.attr["token"].s.decode())
+            stack += data_functions(node.attr)
+    return tuple(dict.fromkeys(found))
+
+
+def python_function_variables(name: str) -> list[Any]:
+    """The tf.Variables the Python functions that ``name`` calls (see :func:`python_tokens`)
+    can reach by name: their closures' and globals' variables, and those one attribute,
+    list or dict away (``self.counter`` of a bound method). Their body runs on TensorFlow's
+    thread, where nddebug records nothing: a variable it assigns was moved on by every run of
+    check(), unrestored and unsaid (probe round 48, F6)."""
+    import inspect
+
+    import tensorflow as tf
+    from tensorflow.python.ops import script_ops
+
+    found: dict[int, Any] = {}
+
+    def add(value: Any, depth: int) -> None:
+        if isinstance(value, tf.Variable):
+            found.setdefault(id(value), value)
+        elif depth and isinstance(value, list | tuple | set):
+            for item in list(value)[:256]:
+                add(item, depth - 1)
+        elif depth and isinstance(value, dict):
+            for item in list(value.values())[:256]:
+                add(item, depth - 1)
+        elif depth and hasattr(value, "__dict__") and not inspect.ismodule(value):
+            for item in list(vars(value).values())[:256]:
+                add(item, depth - 1)
+
+    for token in python_tokens(name):
+        try:
+            fn = script_ops._py_funcs.get(token)
+        except Exception:  # noqa: BLE001 - TensorFlow's registry moved: nothing found
+            return []
+        fn = getattr(fn, "_func", fn)  # an EagerFunc wraps the Python function
+        add(getattr(fn, "__self__", None), 1)
+        try:
+            names = inspect.getclosurevars(inspect.unwrap(fn))
+        except (TypeError, ValueError):  # a builtin or a callable object without code
+            continue
+        for value in [*names.nonlocals.values(), *names.globals.values()]:
+            add(value, 1)
+    return list(found.values())

@@ -201,6 +201,16 @@ def eager_identity(handle: Any) -> str:
     return f"eager:{getattr(handle, '_id', '?')}"
 
 
+#: Sums whose kernel takes over the buffer of a term nothing else holds and adds the others
+#: to it, in an order set by which term that is (the first free one is moved to the front).
+SUMS_IN_PLACE = frozenset({"AddN", "AccumulateNV2"})
+#: OpInfo.rerun of such a sum of three or more terms (two add alike in either order).
+RERUN_SUMS = (
+    "a sum of three or more terms, added in an order set by which term's buffer is free when "
+    "it runs: a copy cannot add them as the original does"
+)
+
+
 def rerun_blocker(
     op_type: str, stateful: bool, n_inputs: int, out_digests: list[Any], writes: bool
 ) -> str:
@@ -211,6 +221,8 @@ def rerun_blocker(
         return "stateful"
     if op_type in CALL_OPS or FUNCTION_CALL.match(op_type):
         return RERUN_INNER
+    if op_type in SUMS_IN_PLACE and n_inputs >= 3:
+        return RERUN_SUMS
     if not n_inputs:
         return "no inputs"
     if not any(d is not None for d in out_digests):

@@ -8,7 +8,6 @@ copies bitwise and sends bytes only for an output whose copies differed.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -76,18 +75,13 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
     attrs = {k_: op.node_def.attr[k_] for k_ in op.node_def.attr}
     dups = []
     prev = op
-    private = _sums_in_place(op.type, inputs)
     for j in range(1, k + 1):
         attrs["_nddebug_rerun"] = attr_value_pb2.AttrValue(i=j)
         with graph.control_dependencies([prev]), graph.name_scope("nddebug"):
-            own = list(inputs)
-            if private:  # terms of its own, as the original's (see unfuse)
-                with graph.as_default():
-                    own = [_private_copy(t) for t in own]
             # Graph.create_op, the public spelling, is deprecated and warns on every call.
             dup = graph._create_op_internal(
                 op.type,
-                own,
+                list(inputs),
                 [t.dtype for t in op.outputs],
                 attrs=dict(attrs),
                 name=f"rerun{j}_{op.name.rsplit('/', 1)[-1]}",
@@ -100,70 +94,30 @@ def duplicates(graph: Any, op: Any, inputs: Any, k: int) -> list[Any]:
     return dups
 
 
-# Ops that oneDNN's graph rewrite (MklLayoutRewritePass, CPU builds) merges with a BiasAddGrad
-# reading the same tensor, input index -> partner: the merged node computes the bias gradient
-# with oneDNN's kernel, not BiasAddGrad's. Which of the original and its copies gets merged
-# depends on the order of the tensor's consumers in memory, so rerun mode compared two kernels
-# and named BiasAddGrad a source in about one step in three.
-_MERGED_ON_INPUT = {"Conv2DBackpropFilter": 2}
+#: Ops that oneDNN's graph rewrite (MklLayoutRewritePass, CPU builds with oneDNN on) merges
+#: into one oneDNN kernel where a Conv2DBackpropFilter and a BiasAddGrad read the same
+#: gradient: it computes the bias gradient with oneDNN's kernel, not BiasAddGrad's.
+MERGED_BY_ONEDNN = frozenset({"Conv2DBackpropFilter", "BiasAddGrad"})
+#: OpInfo.rerun of such an op.
+RERUN_MERGED = (
+    "merged by oneDNN's graph rewrite with the op that reads the same gradient (a filter "
+    "gradient and its bias gradient): a copy cannot run the merged kernel"
+)
 
 
-#: Sums whose kernel takes over the buffer of the first term nothing else holds and adds the
-#: others to it: the order it sums in depends on which terms are free when it runs.
-_SUMS_IN_PLACE = frozenset({"AddN", "AccumulateNV2"})
+def blocker(op_type: str, device: str) -> str:
+    """Why rerun mode does not copy a graph op whose copies could not run the original's
+    kernel ("" if it copies it). Which of an original and its copies oneDNN merged depended
+    on the order of the gradient's consumers in memory, so rerun mode compared two kernels
+    and named BiasAddGrad a source in about one step in three; a Snapshot of the gradient for
+    each kept all of them unmerged, and then the original computed other bits than the plain
+    step (probe round 48, F5, as the sums of ops.RERUN_SUMS). Not copied, they merge as in
+    the plain step."""
+    from nddebug.environment import onednn_enabled
 
-
-def _sums_in_place(op_type: str, inputs: Any) -> bool:
-    """Whether ``op_type`` sums three or more terms in place (two add alike either way)."""
-    return op_type in _SUMS_IN_PLACE and len(inputs) >= 3
-
-
-_PRIVATE = itertools.count(1)
-
-
-def _private_copy(tensor: Any) -> Any:
-    """A Snapshot of ``tensor`` for one reader alone, marked so that grappler's common-
-    subexpression elimination cannot merge it with another Snapshot of the same tensor: two
-    private copies made one were shared again, the sum that read one found its term held by
-    the other reader (or free) depending on which ran first, and rerun mode named 8 of
-    ResNet50V2's gradient AddNs non-deterministic kernels (probe round 41), as before the
-    copies (round 37)."""
-    import tensorflow as tf
-    from tensorflow.core.framework import attr_value_pb2
-
-    copy = tf.raw_ops.Snapshot(input=tensor)
-    copy.op._set_attr("_nddebug_private", attr_value_pb2.AttrValue(i=next(_PRIVATE)))
-    return copy
-
-
-def unfuse(graph: Any, op: Any, op_type: str, inputs: Any) -> list[Any]:
-    """Keep an op and its copies from being merged with a sibling reading the same tensor
-    (see _MERGED_ON_INPUT): the op reads that tensor through a Snapshot of its own, so the
-    original and every copy of both ops run the same, unmerged kernels.
-
-    A sum of three or more terms (_SUMS_IN_PLACE) reads every term through a Snapshot of its
-    own, and so does each copy (:func:`duplicates`): the original and its copies shared the
-    terms, the one that ran last found some of them free and summed in another order, and a
-    gradient's AddN was named a non-deterministic kernel in 2 of 6 processes whose every
-    step computed the same bits (probe round 37)."""
-    import tensorflow as tf
-
-    inputs = list(inputs)
-    if _sums_in_place(op_type, inputs):
-        with graph.as_default(), tf.name_scope("nddebug"):
-            for i, t in enumerate(inputs):
-                private = _private_copy(t)
-                op._update_input(i, private)
-                inputs[i] = private
-        return inputs
-    slot = _MERGED_ON_INPUT.get(op_type)
-    if slot is None or slot >= len(inputs):
-        return inputs
-    with graph.as_default(), tf.name_scope("nddebug"):
-        private = _private_copy(inputs[slot])
-    op._update_input(slot, private)
-    inputs[slot] = private
-    return inputs
+    if op_type in MERGED_BY_ONEDNN and on_host(device) and onednn_enabled():
+        return RERUN_MERGED
+    return ""
 
 
 def device_payload(original: Any, copies: list[Any]) -> list[Any]:

@@ -34,7 +34,12 @@ from nddebug import knowledge
 from nddebug.recording import WRITER
 from nddebug.state import fresh_copy
 from nddebug.tracer import ops
-from nddebug.tracer.opaque import INT64, written_args
+from nddebug.tracer.opaque import (
+    INT64,
+    python_function_variables,
+    python_tokens,
+    written_args,
+)
 from nddebug.tracer.registry import inside_nddebug
 
 
@@ -57,17 +62,26 @@ class UnheldVariables:
         self.closed = False
         self.late: set[str] = set()
         self.unread: set[str] = set()  # written by an eager op before it could be read
+        # Those a Python function of the step can reach (opaque.python_function_variables):
+        # nothing records their writes, so their values after each run are compared.
+        self.python: dict[int, Any] = {}
 
     def before_call(self, name: str, tensor_inputs: Any) -> None:
-        """A function is about to run: keep the variables it can write, as they are."""
+        """A function is about to run: keep the variables it can write, as they are, with
+        those the Python functions it calls (tf.numpy_function, tf.py_function) can reach."""
         self.settle()
         written = written_args(name)
-        if not written:
+        python = python_function_variables(name) if python_tokens(name) else []
+        if not written and not python:
             return
         held = self.held()  # once per call: a model's hundreds of variables, each written
         for i, dtype in written.items():
             if i < len(tensor_inputs):
                 self._keep(tensor_inputs[i], dtype, None, held)
+        for variable in python:
+            self._keep(variable.handle, variable.dtype.as_datatype_enum, None, held)
+            if ops.eager_identity(variable.handle) in self.states:
+                self.python[id(variable)] = variable
 
     def after_eager(self, op_type: str, inputs: Any, outputs: Any) -> None:
         """An eager op ran: an ``RngReadAndSkip`` returns the state it found (padded to 3);

@@ -81,7 +81,7 @@ def callback_is_nddebugs(token: Any) -> bool:
 def needed(graph: Any) -> set[Any]:
     """The ops the program needs: what its outputs and its own control outputs (stateful
     ops) read, through data and control edges. nddebug's ops are needed only where a
-    program op reads them (a private Snapshot of an input in rerun mode)."""
+    program op reads them (an Identity that makes a sum wait for its term's record)."""
     roots = [t.op for t in graph.outputs]
     roots += [op for op in graph.control_outputs if not ours(op)]
     seen: set[Any] = set()
