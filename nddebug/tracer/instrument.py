@@ -1898,7 +1898,7 @@ def instrument_op(
                 payload += [t, *again]
             elif dups:
                 payload += rerun.device_payload(t, again)
-    if op_type in ops.SUMS_IN_PLACE and len(inputs) >= 3:
+    if ops.sums_in_place(op_type, len(inputs)):
         _after_holders(graph, op)
     state = ops.state_input(op_type, inputs)
     op_id = REGISTRY.new_id()

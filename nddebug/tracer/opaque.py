@@ -545,6 +545,9 @@ def python_function_variables(name: str) -> list[Any]:
     list or dict away (``self.counter`` of a bound method). Their body runs on TensorFlow's
     thread, where nddebug records nothing: a variable it assigns was moved on by every run of
     check(), unrestored and unsaid (probe round 48, F6)."""
+    tokens = python_tokens(name)
+    if not tokens:  # asked before every call of check()'s step: most call no Python
+        return []
     import inspect
 
     import tensorflow as tf
@@ -565,7 +568,7 @@ def python_function_variables(name: str) -> list[Any]:
             for item in list(vars(value).values())[:256]:
                 add(item, depth - 1)
 
-    for token in python_tokens(name):
+    for token in tokens:
         try:
             fn = script_ops._py_funcs.get(token)
         except Exception:  # noqa: BLE001 - TensorFlow's registry moved: nothing found

@@ -211,6 +211,11 @@ RERUN_SUMS = (
 )
 
 
+def sums_in_place(op_type: str, n_inputs: int) -> bool:
+    """Whether the op sums three or more terms in place (two add alike in either order)."""
+    return op_type in SUMS_IN_PLACE and n_inputs >= 3
+
+
 def rerun_blocker(
     op_type: str, stateful: bool, n_inputs: int, out_digests: list[Any], writes: bool
 ) -> str:
@@ -221,7 +226,7 @@ def rerun_blocker(
         return "stateful"
     if op_type in CALL_OPS or FUNCTION_CALL.match(op_type):
         return RERUN_INNER
-    if op_type in SUMS_IN_PLACE and n_inputs >= 3:
+    if sums_in_place(op_type, n_inputs):
         return RERUN_SUMS
     if not n_inputs:
         return "no inputs"

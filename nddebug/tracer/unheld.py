@@ -34,12 +34,7 @@ from nddebug import knowledge
 from nddebug.recording import WRITER
 from nddebug.state import fresh_copy
 from nddebug.tracer import ops
-from nddebug.tracer.opaque import (
-    INT64,
-    python_function_variables,
-    python_tokens,
-    written_args,
-)
+from nddebug.tracer.opaque import INT64, python_function_variables, written_args
 from nddebug.tracer.registry import inside_nddebug
 
 
@@ -71,7 +66,7 @@ class UnheldVariables:
         those the Python functions it calls (tf.numpy_function, tf.py_function) can reach."""
         self.settle()
         written = written_args(name)
-        python = python_function_variables(name) if python_tokens(name) else []
+        python = python_function_variables(name)
         if not written and not python:
             return
         held = self.held()  # once per call: a model's hundreds of variables, each written
